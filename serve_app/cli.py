@@ -1,0 +1,126 @@
+"""The `headroom` command line."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from serve_app.config import ConfigError, HeadroomConfig, available_envs, load_config, load_env_config
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Deploy vLLM on Ray Serve, within budget.")
+model_app = typer.Typer(no_args_is_help=True, help="The embedded models headroom generates itself.")
+app.add_typer(model_app, name="model")
+err = Console(stderr=True)
+out = Console()
+
+EnvOption = Annotated[
+    str | None, typer.Option("--env", "-e", help="Environment: configs/base.yaml + configs/<env>.yaml.")
+]
+ConfigOption = Annotated[
+    list[Path] | None, typer.Option("--config", "-c", help="Config file(s), merged in order.")
+]
+
+
+def _load(env: str | None, config: list[Path] | None) -> HeadroomConfig:
+    if env and config:
+        raise typer.BadParameter("give --env or --config, not both", param_hint="--env/--config")
+    if config:
+        return load_config(*config)
+    return load_env_config(env or "local")
+
+
+def _fail(error: Exception) -> None:
+    err.print(f"[red]error:[/red] {error}", highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def validate(env: EnvOption = None, config: ConfigOption = None) -> None:
+    """Validate a config (schema, model files, draft-model compatibility) and print the merged result."""
+    from serve_app.model_files import resolve_models
+
+    try:
+        cfg = _load(env, config)
+        resolve_models(cfg)
+    except ConfigError as e:
+        _fail(e)
+    out.print_json(cfg.model_dump_json())
+
+
+@app.command("engine-args")
+def engine_args(env: EnvOption = None, config: ConfigOption = None) -> None:
+    """Print the `vllm serve` flags headroom gives the engine for a config."""
+    from serve_app.engine_args import vllm_cli_args
+    from serve_app.model_files import resolve_models
+
+    try:
+        cfg = _load(env, config)
+        models = resolve_models(cfg)
+    except ConfigError as e:
+        _fail(e)
+    print(shlex.join(vllm_cli_args(cfg, models, cfg.engine.tensor_parallel_size or 1)))
+
+
+@app.command()
+def serve(
+    env: EnvOption = None,
+    config: ConfigOption = None,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster address; default $RAY_ADDRESS, else a local cluster.")
+    ] = None,
+    blocking: Annotated[bool, typer.Option(help="Keep running until Ctrl-C.")] = True,
+) -> None:
+    """Deploy a config on Ray Serve (same as `serve run serve_app.app:build_app env=...`)."""
+    try:
+        cfg = _load(env, config)
+        from serve_app.app import build_from_config
+
+        application = build_from_config(cfg)
+    except ConfigError as e:
+        _fail(e)
+    import ray
+    from ray import serve as ray_serve
+
+    ray.init(address=address or os.environ.get("RAY_ADDRESS"), ignore_reinit_error=True)
+    ports = sorted({n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]})
+    err.print(
+        f"deploying [bold]{cfg.name}[/bold] ({cfg.served_model_name}); the engine takes a minute or more to "
+        f"start. OpenAI API: http://localhost:8000{cfg.route_prefix.rstrip('/')}/v1  "
+        f"Prometheus metrics: Ray's metrics export port(s) {ports}"
+    )
+    ray_serve.run(application, name=cfg.name, route_prefix=cfg.route_prefix, blocking=blocking)
+
+
+@model_app.command("prepare")
+def model_prepare(
+    names: Annotated[list[str] | None, typer.Argument(help="Embedded models; default all.")] = None,
+) -> None:
+    """Generate the embedded models (deterministic, offline) into $HEADROOM_HOME (~/.cache/headroom)."""
+    from serve_app.tiny_model import EMBEDDED_MODELS, EMBEDDED_PREFIX, ensure_embedded_model
+
+    for name in names or sorted(EMBEDDED_MODELS):
+        try:
+            path = ensure_embedded_model(name if name.startswith(EMBEDDED_PREFIX) else EMBEDDED_PREFIX + name)
+        except ValueError as e:
+            _fail(e)
+        print(f"{EMBEDDED_PREFIX}{name.removeprefix(EMBEDDED_PREFIX)}\t{path}")
+
+
+@app.command("envs")
+def envs() -> None:
+    """List the environments in configs/."""
+    print("\n".join(available_envs()))
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as e:  # a config error raised outside a command's own handling
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(2)

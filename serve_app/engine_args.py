@@ -1,0 +1,75 @@
+"""The one place where a headroom config becomes vLLM engine arguments.
+
+The output is the flag list `vllm serve` takes, so the same list builds our replicas' engines (parsed by
+vLLM's own argument parser) and the bare `vllm serve` that the overhead benchmark compares against.
+Pure: imports neither vLLM nor Ray.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from serve_app.config import HeadroomConfig
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ResolvedModels:
+    """Local paths of the target and draft model, once `embedded:` names have been generated."""
+
+    model_path: str
+    draft_path: str | None = None
+
+
+def speculative_config(cfg: HeadroomConfig, draft_path: str | None) -> dict | None:
+    """vLLM's `--speculative-config` for the config's speculative section, or None when it is off."""
+    spec = cfg.engine.speculative
+    if spec is None:
+        return None
+    out: dict = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+    if draft_path is not None:
+        out["model"] = draft_path
+    if spec.prompt_lookup_min is not None:
+        out["prompt_lookup_min"] = spec.prompt_lookup_min
+    if spec.prompt_lookup_max is not None:
+        out["prompt_lookup_max"] = spec.prompt_lookup_max
+    if spec.parallel_drafting:
+        out["parallel_drafting"] = True
+    return out
+
+
+def vllm_cli_args(cfg: HeadroomConfig, models: ResolvedModels, tensor_parallel_size: int = 1) -> list[str]:
+    """The `vllm serve` flags that configure an engine exactly as `cfg` says."""
+    m, e = cfg.model, cfg.engine
+    args = ["--model", models.model_path, "--served-model-name", cfg.served_model_name]
+    if m.tokenizer:
+        args += ["--tokenizer", m.tokenizer]
+    args += ["--dtype", m.dtype]
+    if m.quantization:
+        args += ["--quantization", m.quantization]
+    if m.max_model_len:
+        args += ["--max-model-len", str(m.max_model_len)]
+    if m.dummy_weights:
+        args += ["--load-format", "dummy"]
+    args += ["--max-num-seqs", str(e.max_num_seqs), "--seed", str(e.seed)]
+    args.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
+    args.append("--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if e.max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
+    if e.enforce_eager:
+        args.append("--enforce-eager")
+    if e.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", e.kv_cache_dtype]
+    if cfg.resources.accelerator == "cpu":
+        # The CPU backend sizes its KV cache from this (gpu_memory_utilization would reserve a share of RAM).
+        if e.cpu_kv_cache_space_gib is not None:
+            args += ["--kv-cache-memory-bytes", str(int(e.cpu_kv_cache_space_gib * GIB))]
+    else:
+        args += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
+        args += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    spec = speculative_config(cfg, models.draft_path)
+    if spec is not None:
+        args += ["--speculative-config", json.dumps(spec, sort_keys=True)]
+    return args

@@ -1,0 +1,98 @@
+"""Finding a config's model files and checking that a draft model can draft for its target.
+
+Reads files only (config.json, tokenizer.json); imports neither vLLM nor Ray, so it runs at the edge, before
+anything starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from serve_app.config import ConfigError, HeadroomConfig
+from serve_app.engine_args import ResolvedModels
+from serve_app.tiny_model import ensure_embedded_model, is_embedded
+
+# Methods whose draft is a separate model with its own tokenizer; EAGLE-style heads read the target's
+# hidden states and share its embedding, so only the vocabulary has to agree for them.
+DRAFT_MODEL_METHODS = {"draft_model"}
+
+
+def resolve_source(source: str, field: str) -> Path:
+    """A local model directory for `source`, generating embedded models on first use."""
+    if is_embedded(source):
+        try:
+            return ensure_embedded_model(source)
+        except ValueError as err:
+            raise ConfigError([(field, str(err))]) from None
+    path = Path(source).expanduser()
+    if (path / "config.json").is_file():
+        return path.resolve()
+    raise ConfigError(
+        [
+            (
+                field,
+                f"{source!r} is not a model directory (no config.json there). headroom never downloads "
+                "weights: give a local directory, or an embedded model such as 'embedded:tiny-qwen3'",
+            )
+        ]
+    )
+
+
+def architecture_family(model_type: str) -> str:
+    """qwen3, qwen3_moe and qwen3_next are one family; llama and llama4 are not the same as qwen3."""
+    return re.sub(r"(_moe|_next|_vl|_text|_mtp)+$", "", model_type.lower())
+
+
+def tokenizer_fingerprint(model_dir: Path) -> str | None:
+    """sha256 of the tokenizer's vocabulary and added tokens, or None when there is no tokenizer.json."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    vocab = data.get("model", {}).get("vocab", {})
+    added = sorted((t["id"], t["content"]) for t in data.get("added_tokens", []))
+    return hashlib.sha256(json.dumps([sorted(vocab.items()), added]).encode()).hexdigest()
+
+
+def check_draft_compatible(target_dir: Path, draft_dir: Path, method: str) -> None:
+    """Refuses a draft whose tokenizer or architecture family differs from the target's.
+
+    A mismatched draft either crashes vLLM or proposes tokens that are never accepted (the seeds' pitfall:
+    a Llama draft for a Qwen target), so this fails before any engine starts.
+    """
+    field = "engine.speculative.draft_model"
+    target = json.loads((target_dir / "config.json").read_text())
+    draft = json.loads((draft_dir / "config.json").read_text())
+    problems = []
+    if method in DRAFT_MODEL_METHODS:
+        t_family = architecture_family(target.get("model_type", "?"))
+        d_family = architecture_family(draft.get("model_type", "?"))
+        if t_family != d_family:
+            problems.append(
+                f"draft architecture family {d_family!r} differs from the target's {t_family!r}; "
+                "a draft must be of the target's family (e.g. Qwen3-0.6B for Qwen3-8B)"
+            )
+        t_tok, d_tok = tokenizer_fingerprint(target_dir), tokenizer_fingerprint(draft_dir)
+        if t_tok is not None and d_tok is not None and t_tok != d_tok:
+            problems.append(
+                "draft tokenizer differs from the target's (different vocabulary or special tokens)"
+            )
+    t_vocab, d_vocab = target.get("vocab_size"), draft.get("vocab_size")
+    if t_vocab != d_vocab:
+        problems.append(f"draft vocab_size ({d_vocab}) differs from the target's ({t_vocab})")
+    if problems:
+        raise ConfigError([(field, "; ".join(problems) + f" [target {target_dir}, draft {draft_dir}]")])
+
+
+def resolve_models(cfg: HeadroomConfig) -> ResolvedModels:
+    """Local paths for the config's model and draft, checked for compatibility."""
+    model_path = resolve_source(cfg.model.source, "model.source")
+    spec = cfg.engine.speculative
+    draft_path = None
+    if spec is not None and spec.draft_model:
+        draft_path = resolve_source(spec.draft_model, "engine.speculative.draft_model")
+        check_draft_compatible(model_path, draft_path, spec.method)
+    return ResolvedModels(str(model_path), str(draft_path) if draft_path else None)
