@@ -10,16 +10,17 @@ through 0.33 (0.32 moved the server into `vllm.entrypoints.launchers` and kept t
 from __future__ import annotations
 
 import argparse
+import types
 from collections.abc import AsyncGenerator
 
-from fastapi import FastAPI
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
-from serve_app.metrics import ServingMetrics, TimingMiddleware, request_started_at
+from serve_app.asgi import ReplicaASGI
+from serve_app.metrics import ServingMetrics, request_started_at
 
 try:  # vLLM >= 0.32
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -84,10 +85,18 @@ async def start_engine(args: argparse.Namespace, metrics: ServingMetrics | None)
     return engine
 
 
-async def build_openai_app(engine: AsyncLLM, args: argparse.Namespace, metrics: ServingMetrics) -> FastAPI:
-    """vLLM's OpenAI-compatible app bound to `engine`, with headroom's timing middleware outermost."""
+async def build_openai_app(
+    engine: AsyncLLM, args: argparse.Namespace, metrics: ServingMetrics
+) -> ReplicaASGI:
+    """vLLM's OpenAI-compatible app bound to `engine`, wrapped in headroom's ASGI layer.
+
+    Wrapped rather than `add_middleware`d: vLLM's build_app has already built the middleware stack.
+    """
     supported_tasks = await engine.get_supported_tasks()
     app = build_app(args, supported_tasks, engine.model_config)
     await init_app_state(engine, app.state, args, supported_tasks)
-    app.add_middleware(TimingMiddleware, metrics=metrics)
-    return app
+    # vLLM's engine-error handler asks the uvicorn server to exit once the engine is dead. A replica has
+    # no server of its own: the flag is ignored, and Serve's health check (check_health) replaces the
+    # replica instead.
+    app.state.server = types.SimpleNamespace(should_exit=False)
+    return ReplicaASGI(app, metrics)

@@ -82,35 +82,3 @@ class ServingMetrics:
         if tpot_s is not None:
             self.tpot_s.observe(tpot_s)
         self.output_tokens.observe(output_tokens)
-
-
-class TimingMiddleware:
-    """Pure ASGI middleware: marks when a generation request arrives and records its status and latency.
-
-    Pure ASGI rather than Starlette's BaseHTTPMiddleware, which adds a task and a queue per request.
-    """
-
-    def __init__(self, app, metrics: ServingMetrics):
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] not in TIMED_PATHS:
-            await self.app(scope, receive, send)
-            return
-        started = time.time()
-        token = request_started_at.set(started)
-        status = 500
-        self.metrics.request_started()
-
-        async def send_and_watch(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_watch)
-        finally:
-            request_started_at.reset(token)
-            self.metrics.request_finished(started, status)

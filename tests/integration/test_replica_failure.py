@@ -1,0 +1,72 @@
+"""An engine that dies takes its replica down so Ray Serve replaces it; other replicas are unaffected.
+
+Runs last (file order): it kills the `draft` app's engine, which Serve then rebuilds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+from ray import serve
+
+pytestmark = pytest.mark.integration
+
+
+def replica_processes(app: str) -> list[psutil.Process]:
+    title = f"ray::ServeReplica:{app}:LLMServer"
+    return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0] == title]
+
+
+def engine_core_of(replica: psutil.Process) -> psutil.Process:
+    cores = [c for c in replica.children(recursive=True) if "EngineCore" in " ".join(c.cmdline())]
+    assert len(cores) == 1, cores
+    return cores[0]
+
+
+def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(cluster):
+    [replica] = replica_processes("draft")
+    core = engine_core_of(replica)
+
+    result: dict = {}
+
+    def long_request():
+        result["response"] = httpx.post(
+            f"{cluster.base_url}/draft/v1/completions",
+            json={"model": "tiny-qwen3-drafted", "prompt": "long", "max_tokens": 1900, "ignore_eos": True},
+            timeout=120,
+        )
+
+    in_flight = threading.Thread(target=long_request)
+    in_flight.start()
+    time.sleep(1.0)
+    os.kill(core.pid, signal.SIGKILL)
+    in_flight.join(timeout=120)
+
+    response = result["response"]
+    assert 500 <= response.status_code < 600, response.text
+    assert response.json()["error"]["message"]
+
+    # The other app's replica is unaffected.
+    r = cluster.client().chat.completions.create(
+        model="tiny-qwen3", messages=[{"role": "user", "content": "still there?"}], max_tokens=4
+    )
+    assert r.choices[0].finish_reason in ("length", "stop")
+
+    # Serve's health check sees the dead engine, replaces the replica, and the app serves again.
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        new = [p for p in replica_processes("draft") if p.pid != replica.pid]
+        status = serve.status().applications["draft"].status
+        if new and status == "RUNNING":
+            break
+        time.sleep(2)
+    else:
+        pytest.fail(f"draft replica was not replaced within 300 s (status {status})")
+    r = cluster.client("/draft").completions.create(model="tiny-qwen3-drafted", prompt="back", max_tokens=4)
+    assert r.usage.completion_tokens == 4
