@@ -20,7 +20,7 @@ import copy
 import difflib
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ def _did_you_mean(wanted: str, known: list[str], kind: str) -> CatalogueKeyError
 
 
 # ---------------------------------------------------------------------------------------------- models
-@lru_cache(maxsize=1)
+@cache
 def _model_files() -> dict[str, Path]:
     # File names encode "org/name" as "org__name" (a slash cannot appear in a file name).
     return {p.stem.replace("__", "/", 1): p for p in sorted(_CATALOGUE_DIR.glob("*.json"))}
@@ -88,7 +88,7 @@ def _resolve(name: str) -> str:
     raise _did_you_mean(name, list(files), "model")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(resolved: str) -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(_model_files()[resolved].read_text())
     return loaded
@@ -119,7 +119,8 @@ class GpuSpec:
     hbm_bandwidth_gb_per_s: float
     # GPU-to-GPU bandwidth per direction that a tensor-parallel all-reduce can use (NVLink or PCIe).
     interconnect_gb_per_s: float
-    # None where the GPU has no fp8 tensor cores (Ampere): fp8 weights then run as weight-only (Marlin) kernels.
+    # None where the GPU has no fp8 tensor cores (Ampere): fp8 weights then run as weight-only (Marlin)
+    # kernels.
     fp8_dense_tflops: float | None = None
     # Latency of one small all-reduce (decode-sized), which dominates TP cost at small batch.
     allreduce_latency_us: float = 10.0
@@ -138,8 +139,12 @@ GPUS: dict[str, GpuSpec] = {
     for g in (
         # Measured: torch total_memory on the lab H200 (vLLM 0.26 run, 2026-11-29) = 150,109,880,320 bytes
         # (139.80 GiB); with it the Qwen3-8B reference point reproduces to 48 tokens in 794,704.
-        GpuSpec("H200", 150_109_880_320, 989.0, 4800.0, 450.0, fp8_dense_tflops=1979.0, allreduce_latency_us=8.0),
-        GpuSpec("H100-80GB", _gib(79.19), 989.0, 3350.0, 450.0, fp8_dense_tflops=1979.0, allreduce_latency_us=8.0),
+        GpuSpec(
+            "H200", 150_109_880_320, 989.0, 4800.0, 450.0, fp8_dense_tflops=1979.0, allreduce_latency_us=8.0
+        ),
+        GpuSpec(
+            "H100-80GB", _gib(79.19), 989.0, 3350.0, 450.0, fp8_dense_tflops=1979.0, allreduce_latency_us=8.0
+        ),
         GpuSpec("A100-80GB", _gib(79.15), 312.0, 2039.0, 300.0, allreduce_latency_us=10.0),
         GpuSpec("A100-40GB", _gib(39.49), 312.0, 1555.0, 300.0, allreduce_latency_us=10.0),
         # PCIe cards: all-reduce goes over PCIe Gen4 x16 (about 25 GB/s usable per direction).
@@ -163,7 +168,7 @@ def gpu_names() -> list[str]:
 
 
 def gpu(name: str) -> GpuSpec:
-    """The :class:`GpuSpec` for ``name`` (case-insensitive; 'NVIDIA ' prefix and aliases like 'H100' accepted)."""
+    """The :class:`GpuSpec` for ``name``: case-insensitive; an 'NVIDIA ' prefix and aliases ('H100') work."""
     key = name.strip()
     if key.upper().startswith("NVIDIA "):
         key = key[len("NVIDIA ") :]

@@ -606,7 +606,7 @@ class ResourcesSection(BaseModel):
         gt=0,
         le=1024,
         description=(
-            "Memory of one GPU in GiB as torch reports it (H200: 140.4); null takes it from the detected "
+            "Memory of one GPU in GiB as torch reports it (H200: 139.8); null takes it from the detected "
             "GPU. The planner sizes weights and KV cache against gpu_memory_gib * gpu_memory_utilization."
         ),
     )

@@ -5,7 +5,8 @@ The seed article's budget, made exact where vLLM is exact:
     GPU memory x gpu_memory_utilization = weights + peak activation + non-torch buffers [+ CUDA graphs]
                                           + draft model/head + KV cache
 
-and the KV cache is whole blocks: ``num_blocks = available_bytes // (block_size x bytes_per_token_all_layers)``
+and the KV cache is whole blocks,
+``num_blocks = available_bytes // (block_size x bytes_per_token_all_layers)``
 (``get_kv_cache_config_from_groups`` in ``vllm/v1/core/kv_cache_utils.py``), reported as
 ``int(num_blocks / cdiv(max_model_len, block_size) x max_model_len)`` tokens ("GPU KV cache size: N tokens").
 
@@ -26,8 +27,9 @@ Where each number comes from:
 
 vLLM 0.26 (the GPU build headroom deploys) captures CUDA graphs *after* allocating the KV cache, inside the
 ``1 - gpu_memory_utilization`` headroom, so their memory is not subtracted (the reference point only
-reproduces that way); newer vLLM subtracts a profiled estimate first (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``
-in ``determine_available_memory``). ``MemoryInputs.subtract_cudagraph_estimate`` selects the arithmetic.
+reproduces that way); newer vLLM subtracts a profiled estimate first
+(``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` in ``determine_available_memory``).
+``MemoryInputs.subtract_cudagraph_estimate`` selects the arithmetic.
 
 On the CPU backend the KV cache size is given directly (``kv_cache_memory_bytes``, VLLM_CPU_KVCACHE_SPACE) and
 blocks hold 128 tokens (``vllm/platforms/cpu.py``).
@@ -134,7 +136,9 @@ def bytes_to_gib(n_bytes: float) -> float:
 
 
 def dtype_bytes(dtype: str) -> float:
-    """Bytes per element of ``dtype`` ('bfloat16' -> 2, 'fp8' -> 1). Raises ValueError listing known dtypes."""
+    """Bytes per element of ``dtype`` ('bfloat16' -> 2, 'fp8' -> 1). Raises ValueError listing known
+    dtypes.
+    """
     key = dtype.replace("torch.", "").lower()
     if key not in _DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(_DTYPE_BYTES))}")
@@ -270,7 +274,12 @@ def _attention_params_per_rank(shape: ModelShape, tp: int) -> tuple[int, int, in
     hidden, heads_rank = shape.hidden_size, shape.num_attention_heads // tp
     if shape.is_mla:
         assert shape.kv_lora_rank is not None
-        nope, rope, v_dim, kv_rank = shape.qk_nope_head_dim, shape.qk_rope_head_dim, shape.v_head_dim, shape.kv_lora_rank
+        nope, rope, v_dim, kv_rank = (
+            shape.qk_nope_head_dim,
+            shape.qk_rope_head_dim,
+            shape.v_head_dim,
+            shape.kv_lora_rank,
+        )
         linear = 0
         small = kv_rank  # kv_a_layernorm
         if shape.q_lora_rank:
@@ -279,7 +288,9 @@ def _attention_params_per_rank(shape: ModelShape, tp: int) -> tuple[int, int, in
             small += shape.q_lora_rank  # q_a_layernorm
         else:
             linear += hidden * heads_rank * (nope + rope)
-        linear += hidden * (kv_rank + rope)  # kv_a_proj_with_mqa: ReplicatedLinear, every rank holds all of it
+        linear += hidden * (
+            kv_rank + rope
+        )  # kv_a_proj_with_mqa: ReplicatedLinear, every rank holds all of it
         kv_b = kv_rank * heads_rank * (nope + v_dim)
         linear += kv_b + heads_rank * v_dim * hidden  # kv_b_proj and o_proj, both sharded
         return linear, small, kv_b
@@ -369,7 +380,10 @@ def active_parameter_count(shape: ModelShape) -> int:
 
 # -------------------------------------------------------------------------------------------- KV cache
 def kv_bytes_per_token_per_layer(
-    shape: ModelShape, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto", model_dtype: str = "bfloat16"
+    shape: ModelShape,
+    tensor_parallel_size: int = 1,
+    kv_cache_dtype: str = "auto",
+    model_dtype: str = "bfloat16",
 ) -> int:
     """KV bytes one token takes in one attention layer on one rank.
 
@@ -415,12 +429,15 @@ class SpeculativeSpec:
 _HEAD_METHODS = ("eagle", "eagle3")
 
 
-def _eagle_head_params_per_rank(target: ModelShape, tp: int, method: str, head: ModelShape | None) -> tuple[int, int]:
+def _eagle_head_params_per_rank(
+    target: ModelShape, tp: int, method: str, head: ModelShape | None
+) -> tuple[int, int]:
     """(weights, decoder layers) of an EAGLE head when its checkpoint is unknown or given.
 
-    An EAGLE head is one (EAGLE-3: one, sometimes more) decoder layer of the target's width plus an ``fc`` that
-    fuses hidden states (EAGLE: 2H x H; EAGLE-3: 3H x H). vLLM shares the target's embedding and, for EAGLE-1/2,
-    its lm_head; EAGLE-3 heads carry their own lm_head over a smaller draft vocabulary (32,000 is usual).
+    An EAGLE head is one (EAGLE-3: one, sometimes more) decoder layer of the target's width plus an ``fc``
+    that fuses hidden states (EAGLE: 2H x H; EAGLE-3: 3H x H). vLLM shares the target's embedding and, for
+    EAGLE-1/2, its lm_head; EAGLE-3 heads carry their own lm_head over a smaller draft vocabulary
+    (32,000 is usual).
     """
     shape = head or target
     hidden = shape.hidden_size
@@ -555,7 +572,9 @@ def non_torch_bytes(tensor_parallel_size: int = 1) -> int:
     return NON_TORCH_BYTES_TP1 + (NON_TORCH_EXTRA_BYTES_TP if tensor_parallel_size > 1 else 0)
 
 
-def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> list[int]:
+def cudagraph_capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0
+) -> list[int]:
     """Batch sizes vLLM captures (``VllmConfig._set_cudagraph_sizes``): [1, 2, 4], then every 8 below 256,
     every 16 from 256, up to min(2 x max_num_seqs x decode query length, 512, max_num_batched_tokens)."""
     query_len = 1 + num_speculative_tokens
@@ -609,8 +628,9 @@ def max_concurrency_for_length(
 ) -> float:
     """Requests of ``request_tokens`` tokens that fit at once.
 
-    With prefix caching, the first ``prefix_reuse_fraction`` of every request is one shared prefix stored once;
-    only whole blocks are shared (a partly filled block is private), so the shared part rounds down to blocks.
+    With prefix caching, the first ``prefix_reuse_fraction`` of every request is one shared prefix stored
+    once; only whole blocks are shared (a partly filled block is private), so the shared part rounds down
+    to whole blocks.
     With no reuse this is vLLM's "Maximum concurrency for L tokens per request".
     """
     if num_blocks <= 0 or request_tokens <= 0:
@@ -720,10 +740,18 @@ class MemoryEstimate:
     @property
     def non_kv_bytes(self) -> int:
         graphs = self.cudagraph_bytes if self.cudagraph_subtracted else 0
-        return self.weights_bytes + self.draft_weights_bytes + self.activation_peak_bytes + self.non_torch_bytes + graphs
+        return (
+            self.weights_bytes
+            + self.draft_weights_bytes
+            + self.activation_peak_bytes
+            + self.non_torch_bytes
+            + graphs
+        )
 
     def concurrency_for(self, request_tokens: int, prefix_reuse_fraction: float = 0.0) -> float:
-        return max_concurrency_for_length(self.num_blocks, self.block_size, request_tokens, prefix_reuse_fraction)
+        return max_concurrency_for_length(
+            self.num_blocks, self.block_size, request_tokens, prefix_reuse_fraction
+        )
 
     def largest_max_model_len(self) -> int:
         return largest_max_model_len(self.num_blocks, self.block_size)
@@ -773,7 +801,9 @@ def estimate_memory(inputs: MemoryInputs) -> MemoryEstimate:
         if inputs.cpu_kv_cache_space_gib is None:
             # Without it vLLM's CPU worker takes gpu_memory_utilization of the node's RAM minus the process's
             # resident size at that moment, which no pure model can know.
-            raise ValueError("cpu_kv_cache_space_gib is required on the CPU accelerator (VLLM_CPU_KVCACHE_SPACE)")
+            raise ValueError(
+                "cpu_kv_cache_space_gib is required on the CPU accelerator (VLLM_CPU_KVCACHE_SPACE)"
+            )
         available = int(inputs.cpu_kv_cache_space_gib * GIB_BYTES)
         requested = available
         graphs, non_torch, headroom = 0, 0, 0
@@ -785,7 +815,9 @@ def estimate_memory(inputs: MemoryInputs) -> MemoryEstimate:
         non_torch = non_torch_bytes(tp)
         graphs = cudagraph_bytes(shape, inputs.max_num_seqs, budget_tokens, num_spec, inputs.enforce_eager)
         subtracted = inputs.subtract_cudagraph_estimate and graphs > 0
-        available = requested - weights - draft_weights - activation - non_torch - (graphs if subtracted else 0)
+        available = (
+            requested - weights - draft_weights - activation - non_torch - (graphs if subtracted else 0)
+        )
         outside_budget = inputs.gpu_memory_bytes - requested
         headroom = outside_budget - CUDA_CONTEXT_BYTES - (0 if subtracted else graphs)
     num_blocks = available // bytes_per_block if available > 0 else 0

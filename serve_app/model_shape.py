@@ -24,7 +24,7 @@ class ModelShapeError(ValueError):
 
 
 def _first(d: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
-    """The first of ``keys`` present in ``d`` with a non-null value (families spell the same fact differently)."""
+    """The first of ``keys`` in ``d`` with a non-null value (families spell the same fact differently)."""
     for key in keys:
         value = d.get(key)
         if value is not None:
@@ -46,7 +46,6 @@ def _flatten_text_config(d: Mapping[str, Any]) -> dict[str, Any]:
         if key in ("architectures", "model_type") and merged.get(key):
             continue
         merged[key] = value
-    # The outer dtype applies to the whole checkpoint when the nested one is absent.
     return merged
 
 
@@ -74,7 +73,8 @@ class ModelShape:
     attention_bias: bool = False
     # Qwen3-style per-head RMSNorm on q and k (two vectors of head_dim per layer).
     qk_norm: bool = False
-    # Fraction of head_dim that is rotated (partial rotary, e.g. some GLM/Phi models); sizes vLLM's cos/sin cache.
+    # Fraction of head_dim that is rotated (partial rotary, e.g. some GLM/Phi models); sizes vLLM's cos/sin
+    # cache.
     partial_rotary_factor: float = 1.0
     sliding_window: int | None = None
     # --- mixture of experts (0 experts = dense) ---
@@ -113,8 +113,8 @@ class ModelShape:
         """Whether decoder layer ``layer_index`` holds experts, by the family's own rule."""
         if not self.is_moe or layer_index < self.first_k_dense_replace or layer_index in self.mlp_only_layers:
             return False
-        # Qwen-MoE: (i + 1) % decoder_sparse_step == 0; DeepSeek: (i - k) % moe_layer_freq == 0 with k = 0 there
-        # for freq 1. Both reduce to "every layer" for the models we ship, which is what matters.
+        # Qwen-MoE: (i + 1) % decoder_sparse_step == 0; DeepSeek: i % moe_layer_freq == 0 past the dense
+        # layers. Both mean "every layer" at frequency 1, which is what the catalogue models use.
         if self.moe_layer_freq <= 1:
             return True
         return (layer_index + 1) % self.moe_layer_freq == 0
@@ -145,8 +145,8 @@ class ModelShape:
             value = _first(d, *keys)
             if value is None:
                 raise ModelShapeError(
-                    f"{label}: config.json has none of {', '.join(repr(k) for k in keys)}; "
-                    "the memory model cannot size this model without it"
+                    f"{label}: config.json has none of {', '.join(repr(k) for k in keys)}; the memory model "
+                    "cannot size this model without it"
                 )
             return value
 
@@ -157,8 +157,8 @@ class ModelShape:
         kv_heads = int(_first(d, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
         if hidden <= 0 or layers <= 0 or heads <= 0 or kv_heads <= 0:
             raise ModelShapeError(
-                f"{label}: hidden_size ({hidden}), num_hidden_layers ({layers}), num_attention_heads ({heads}) "
-                f"and num_key_value_heads ({kv_heads}) must all be positive"
+                f"{label}: hidden_size ({hidden}), num_hidden_layers ({layers}), num_attention_heads "
+                f"({heads}) and num_key_value_heads ({kv_heads}) must all be positive"
             )
         head_dim = int(_first(d, "head_dim", default=0) or hidden // heads)
         vocab = int(need("vocab_size", "padded_vocab_size"))
@@ -189,7 +189,9 @@ class ModelShape:
         dtype = str(_first(d, "torch_dtype", "dtype", default="bfloat16"))
         dtype = dtype.replace("torch.", "")
         quant = _first(d, "quantization_config", "compression_config")
-        max_pos = int(_first(d, "max_position_embeddings", "n_positions", "max_sequence_length", default=2048))
+        max_pos = int(
+            _first(d, "max_position_embeddings", "n_positions", "max_sequence_length", default=2048)
+        )
         rope_scaling = d.get("rope_scaling") or {}
         partial_rotary = float(_first(d, "partial_rotary_factor", default=1.0) or 1.0)
         if isinstance(rope_scaling, Mapping) and rope_scaling.get("partial_rotary_factor"):
@@ -239,7 +241,9 @@ class ModelShape:
         root = Path(path)
         config_path = root / "config.json"
         if not config_path.is_file():
-            raise ModelShapeError(f"{root}: no config.json there; point at a HuggingFace checkpoint directory")
+            raise ModelShapeError(
+                f"{root}: no config.json there; point at a HuggingFace checkpoint directory"
+            )
         try:
             config = json.loads(config_path.read_text())
         except json.JSONDecodeError as exc:
