@@ -87,7 +87,12 @@ def serve(
     import ray
     from ray import serve as ray_serve
 
-    ray.init(address=address or os.environ.get("RAY_ADDRESS"), ignore_reinit_error=True)
+    from serve_app.serve_options import apply_cluster_env
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:  # a local cluster starts from this process's environment
+        apply_cluster_env(os.environ)
+    ray.init(address=address, ignore_reinit_error=True)
     ports = sorted({n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]})
     err.print(
         f"deploying [bold]{cfg.name}[/bold] ({cfg.served_model_name}); the engine takes a minute or more to "

@@ -7,6 +7,7 @@ An engine takes about a minute to start here, so every integration test shares t
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ray import serve
 
 from serve_app.app import build_from_config
 from serve_app.config import DEFAULT_CONFIG_DIR, HeadroomConfig, load_config
+from serve_app.serve_options import apply_cluster_env
 
 HERE = Path(__file__).parent
 
@@ -80,6 +82,7 @@ class Cluster:
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
     http_port, metrics_port = free_port(), free_port()
+    apply_cluster_env(os.environ)  # the production settings (HAProxy ingress)
     ray.init(num_cpus=8, _metrics_export_port=metrics_port, logging_level="WARNING")
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     main, draft = overlay("ngram.yaml"), overlay("draft.yaml")

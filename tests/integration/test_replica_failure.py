@@ -19,8 +19,12 @@ pytestmark = pytest.mark.integration
 
 
 def replica_processes(app: str) -> list[psutil.Process]:
-    title = f"ray::ServeReplica:{app}:LLMServer"
-    return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0] == title]
+    title = f"ServeReplica:{app}:LLMServer"
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if (p.info["cmdline"] or [""])[0].startswith("ray::") and title in (p.info["cmdline"] or [""])[0]
+    ]
 
 
 def engine_core_of(replica: psutil.Process) -> psutil.Process:

@@ -1,0 +1,192 @@
+"""headroom's serving overhead against bare `vllm serve`, measured side by side in one run.
+
+Both servers run at once with the same engine flags (produced by serve_app.engine_args, the same list the
+replicas use). Rounds alternate which one goes first at each concurrency, so the machine's noise lands on
+both; the same deterministic requests go to each. Writes JSON and a Markdown table.
+
+    python -m loadtests.bench_overhead --env local --out results/bench_overhead   (or: make bench-overhead)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from loadtests.streaming_client import RequestResult, percentile, run_load
+from serve_app.config import load_env_config
+from serve_app.engine_args import vllm_cli_args
+from serve_app.model_files import resolve_models
+from serve_app.serve_options import SERVE_CLUSTER_ENV, apply_cluster_env
+
+TARGETS = ("vllm", "headroom")
+
+
+def wait_ready(base_url: str, timeout_s: float = 600) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if httpx.get(base_url + "/v1/models", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"{base_url} not ready after {timeout_s}s")
+
+
+def pooled(results: list[RequestResult], duration_s: float) -> dict:
+    tpots = [r.tpot_s for r in results if r.tpot_s is not None]
+    return {
+        "requests": len(results),
+        "ttft_p50_ms": percentile([r.ttft_s for r in results], 50) * 1000,
+        "ttft_p99_ms": percentile([r.ttft_s for r in results], 99) * 1000,
+        "tpot_p50_ms": percentile(tpots, 50) * 1000,
+        "output_tokens_per_s": sum(r.output_tokens for r in results) / duration_s,
+    }
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "# headroom vs bare vLLM: serving overhead",
+        "",
+        f"Machine: {report['machine']}. vLLM {report['versions']['vllm']}, Ray {report['versions']['ray']}.",
+        f"Model: {report['model']}; {report['max_tokens']} output tokens per request, {report['rounds']} "
+        "alternating rounds per concurrency, both servers up at once.",
+        "",
+        "| concurrency | server | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | output tok/s |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for row in report["results"]:
+        for target in TARGETS:
+            r = row[target]
+            lines.append(
+                f"| {row['concurrency']} | {target} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
+                f"{r['tpot_p50_ms']:.2f} | {r['output_tokens_per_s']:.0f} |"
+            )
+    lines += ["", "| concurrency | TTFT p50 delta ms | TTFT p50 ratio | TPOT p50 ratio | throughput ratio |"]
+    lines.append("|---:|---:|---:|---:|---:|")
+    for row in report["results"]:
+        c = row["comparison"]
+        lines.append(
+            f"| {row['concurrency']} | {c['ttft_p50_delta_ms']:+.1f} | {c['ttft_p50_ratio']:.3f} | "
+            f"{c['tpot_p50_ratio']:.3f} | {c['throughput_ratio']:.3f} |"
+        )
+    lines += [
+        "",
+        "Targets: " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in report["targets"].items()),
+    ]
+    lines += ["", f"Command: `{report['command']}`", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="local")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--requests-per-worker", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_overhead"))
+    args = parser.parse_args()
+
+    import ray
+    import vllm
+    from ray import serve
+
+    from serve_app.app import build_from_config
+
+    cfg = load_env_config(args.env)
+    flags = vllm_cli_args(cfg, resolve_models(cfg))
+    vllm_port, serve_port = 8310, 8311
+    urls = {"vllm": f"http://127.0.0.1:{vllm_port}", "headroom": f"http://127.0.0.1:{serve_port}"}
+    args.out.mkdir(parents=True, exist_ok=True)
+    bare_log = open(args.out / "vllm_serve.log", "w")  # noqa: SIM115 (lives as long as the server)
+    bare = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *flags,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(vllm_port),
+        ],
+        stdout=bare_log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        apply_cluster_env(os.environ)
+        ray.init(num_cpus=8, logging_level="WARNING")
+        serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
+        serve.run(build_from_config(cfg), name=cfg.name, route_prefix="/")
+        wait_ready(urls["vllm"])
+        model = cfg.served_model_name
+        for target in TARGETS:  # warm-up, not measured
+            asyncio.run(run_load(urls[target], model, 4, 8, args.max_tokens))
+
+        rows = []
+        for c in args.concurrency:
+            collected: dict[str, list[RequestResult]] = {t: [] for t in TARGETS}
+            durations = dict.fromkeys(TARGETS, 0.0)
+            rounds = []
+            for r in range(args.rounds):
+                order = TARGETS if r % 2 == 0 else TARGETS[::-1]
+                for target in order:
+                    summary, results = asyncio.run(
+                        run_load(urls[target], model, c, c * args.requests_per_worker, args.max_tokens)
+                    )
+                    collected[target] += results
+                    durations[target] += summary.duration_s
+                    rounds.append({"round": r, "server": target, **summary.as_dict()})
+                    print(f"c={c} round={r} {target}: {summary}", flush=True)
+            row = {"concurrency": c, "rounds": rounds}
+            for target in TARGETS:
+                row[target] = pooled(collected[target], durations[target])
+            v, h = row["vllm"], row["headroom"]
+            row["comparison"] = {
+                "ttft_p50_delta_ms": h["ttft_p50_ms"] - v["ttft_p50_ms"],
+                "ttft_p50_ratio": h["ttft_p50_ms"] / v["ttft_p50_ms"],
+                "tpot_p50_ratio": h["tpot_p50_ms"] / v["tpot_p50_ms"],
+                "throughput_ratio": h["output_tokens_per_s"] / v["output_tokens_per_s"],
+            }
+            rows.append(row)
+    finally:
+        bare.terminate()
+        bare.wait(timeout=60)
+        serve.shutdown()
+        ray.shutdown()
+
+    by_c = {row["concurrency"]: row["comparison"] for row in rows}
+    lowest, highest = min(by_c), max(by_c)
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} (vLLM CPU backend)",
+        "versions": {"vllm": vllm.__version__, "ray": ray.__version__, "python": platform.python_version()},
+        "model": cfg.served_model_name,
+        "engine_flags": flags,
+        "serve_env": {k: os.environ[k] for k in SERVE_CLUSTER_ENV},
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "command": " ".join(["python -m loadtests.bench_overhead", *sys.argv[1:]]),
+        "targets": {
+            f"TTFT p50 within +3 ms of vLLM at concurrency {lowest}": by_c[lowest]["ttft_p50_delta_ms"]
+            <= 3.0,
+            f"throughput >= 98% of vLLM at concurrency {highest}": by_c[highest]["throughput_ratio"] >= 0.98,
+        },
+        "results": rows,
+    }
+    (args.out / "results.json").write_text(json.dumps(report, indent=2))
+    (args.out / "report.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Config -> vLLM flags and Ray Serve options: what the engine and Serve are told."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serve_app.config import deep_merge, load_env_config, parse_config
+from serve_app.engine_args import ResolvedModels, vllm_cli_args
+from serve_app.serve_options import deployment_options
+
+MODELS = ResolvedModels("/models/target", "/models/draft")
+
+
+def config(**overlay):
+    base = load_env_config("local").model_dump(mode="json")
+    return parse_config(deep_merge(base, overlay))
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_local_config_flags():
+    args = vllm_cli_args(config(), MODELS)
+    assert flag(args, "--model") == "/models/target"
+    assert flag(args, "--served-model-name") == "tiny-qwen3"
+    assert flag(args, "--max-num-seqs") == "32"
+    assert flag(args, "--max-model-len") == "2048"
+    assert flag(args, "--kv-cache-memory-bytes") == str(512 * 1024**2)
+    assert "--enable-prefix-caching" in args and "--enforce-eager" in args
+    # gpu_memory_utilization reserves a share of RAM on the CPU backend: never passed there.
+    assert "--gpu-memory-utilization" not in args and "--speculative-config" not in args
+
+
+def test_features_switch_off():
+    args = vllm_cli_args(
+        config(engine={"enable_prefix_caching": False, "enable_chunked_prefill": False}), MODELS
+    )
+    assert "--no-enable-prefix-caching" in args and "--no-enable-chunked-prefill" in args
+
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        (
+            {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+            {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+        ),
+        (
+            {
+                "method": "draft_model",
+                "num_speculative_tokens": 5,
+                "draft_model": "embedded:tiny-qwen3-draft",
+            },
+            {"method": "draft_model", "num_speculative_tokens": 5, "model": "/models/draft"},
+        ),
+        (
+            {"method": "eagle3", "num_speculative_tokens": 3, "draft_model": "/x", "parallel_drafting": True},
+            {
+                "method": "eagle3",
+                "num_speculative_tokens": 3,
+                "model": "/models/draft",
+                "parallel_drafting": True,
+            },
+        ),
+    ],
+)
+def test_speculative_config_reaches_flags(spec, expected):
+    cfg = config(engine={"speculative": spec})
+    models = MODELS if "draft_model" in spec else ResolvedModels("/models/target")
+    args = vllm_cli_args(cfg, models)
+    assert json.loads(flag(args, "--speculative-config")) == expected
+
+
+def test_gpu_flags_and_tensor_parallel_bundles():
+    cfg = config(
+        resources={"accelerator": "gpu", "gpu_type": "H200"}, engine={"gpu_memory_utilization": 0.85}
+    )
+    args = vllm_cli_args(cfg, MODELS, tensor_parallel_size=2)
+    assert flag(args, "--gpu-memory-utilization") == "0.85"
+    assert flag(args, "--tensor-parallel-size") == "2"
+    assert "--kv-cache-memory-bytes" not in args
+    opts = deployment_options(cfg, tensor_parallel_size=2)
+    assert opts["placement_group_strategy"] == "STRICT_PACK"
+    assert opts["placement_group_bundles"] == [{"CPU": 1}, {"GPU": 1}, {"GPU": 1}]
+    assert deployment_options(cfg, 1)["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}
+
+
+def test_replicas_and_autoscaling_options():
+    assert deployment_options(config())["num_replicas"] == 1
+    auto = config(deployment={"num_replicas": None, "autoscaling": {"min_replicas": 1, "max_replicas": 3}})
+    opts = deployment_options(auto)
+    assert "num_replicas" not in opts
+    assert opts["autoscaling_config"]["max_replicas"] == 3
+    assert opts["ray_actor_options"] == {"num_cpus": 1}
