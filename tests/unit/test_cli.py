@@ -1,0 +1,57 @@
+"""`headroom` answers bad configs and flags with a clear message and exit code 2 (and starts nothing)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from serve_app.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "yaml_text,words",
+    [
+        (
+            "model: {source: embedded:tiny-qwen3}\nengine: {max_num_seq: 8}\n",
+            ["engine.max_num_seq", "max_num_seqs"],
+        ),
+        (
+            "model: {source: embedded:tiny-qwen3}\nengine: {gpu_memory_utilization: 1.5}\n",
+            ["engine.gpu_memory_utilization", "0.05", "0.99"],
+        ),
+        ("model: {source: /nonexistent/model}\n", ["model.source", "config.json"]),
+        (
+            "model: {source: embedded:tiny-qwen3}\n"
+            "engine: {speculative: {method: medusa, num_speculative_tokens: 2}}\n",
+            ["engine.speculative.method", "ngram"],
+        ),
+    ],
+)
+def test_validate_rejects_bad_config(tmp_path, yaml_text, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    result = runner.invoke(app, ["validate", "--config", str(path)])
+    assert result.exit_code == 2
+    for word in words:
+        assert word in result.output
+
+
+def test_unknown_env_lists_the_available_ones():
+    result = runner.invoke(app, ["validate", "--env", "production"])
+    assert result.exit_code == 2
+    assert "prod" in result.output and "staging" in result.output
+
+
+def test_env_and_config_together_are_refused(tmp_path):
+    result = runner.invoke(app, ["validate", "--env", "local", "--config", str(tmp_path / "x.yaml")])
+    assert result.exit_code == 2
+    assert "--env/--config" in result.output
+
+
+def test_engine_args_prints_vllm_flags():
+    result = runner.invoke(app, ["engine-args", "--env", "local"])
+    assert result.exit_code == 0, result.output
+    assert "--served-model-name tiny-qwen3" in result.output
+    assert "--max-num-seqs 32" in result.output
