@@ -25,14 +25,18 @@ Where each number comes from:
 * The budget is ``ceil(total_memory x gpu_memory_utilization)`` (``request_memory`` in
   ``vllm/v1/worker/utils.py``), total as torch reports it.
 
-vLLM 0.26 (the GPU build headroom deploys) captures CUDA graphs *after* allocating the KV cache, inside the
-``1 - gpu_memory_utilization`` headroom, so their memory is not subtracted (the reference point only
-reproduces that way); newer vLLM subtracts a profiled estimate first
-(``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` in ``determine_available_memory``).
-``MemoryInputs.subtract_cudagraph_estimate`` selects the arithmetic.
+vLLM 0.26 (the GPU build headroom deploys) has two model runners. Model runner V2 (dense models, and the
+MoE architectures in ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``) captures CUDA graphs *after* allocating the KV
+cache, inside the ``1 - gpu_memory_utilization`` headroom, so their memory is not subtracted (the dense
+reference point only reproduces that way). The V1 runner, which vLLM 0.26 picks for the other MoE
+architectures (Qwen3-MoE, Mixtral), profiles the graphs first and subtracts that estimate from the KV budget
+(``profile_cudagraph_memory`` and ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` in
+``determine_available_memory``; measured on Qwen3-30B-A3B). ``MemoryInputs.subtract_cudagraph_estimate`` =
+True models newer vLLM, which subtracts the estimate for every model.
 
-On the CPU backend the KV cache size is given directly (``kv_cache_memory_bytes``, VLLM_CPU_KVCACHE_SPACE) and
-blocks hold 128 tokens (``vllm/platforms/cpu.py``).
+A KV cache size given directly (``kv_cache_memory_bytes``, vLLM's ``--kv-cache-memory-bytes``; on the CPU
+backend also VLLM_CPU_KVCACHE_SPACE) replaces the profiled budget; on CPU blocks hold 128 tokens
+(``vllm/platforms/cpu.py``; measured with the CPU build: 512 MiB at 512 bytes/token -> 1,048,576 tokens).
 
 Pure: imports neither ray, vllm nor torch.
 """
@@ -49,6 +53,7 @@ from serve_app.model_shape import ModelShape
 __all__ = [
     "CPU_BLOCK_SIZE_TOKENS",
     "CUDA_CONTEXT_BYTES",
+    "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES",
     "DEFAULT_VOCAB_PADDING_SIZE",
     "GIB_BYTES",
     "GPU_BLOCK_SIZE_TOKENS",
@@ -81,6 +86,7 @@ __all__ = [
     "requested_memory_bytes",
     "resolve_model_dtype",
     "resolve_quantization",
+    "uses_v1_model_runner",
     "vllm_reported_kv_tokens",
     "weight_breakdown_per_gpu",
     "weight_bytes_per_gpu",
@@ -97,9 +103,12 @@ CPU_BLOCK_SIZE_TOKENS = 128
 # cuBLAS/cuDNN workspaces and attention-backend buffers created during the profile run. It did not change with
 # model size, so it is a constant at TP=1.
 NON_TORCH_BYTES_TP1 = int(0.22 * GIB_BYTES)
-# Unmeasured allowance for TP > 1: NCCL communicator buffers (NCCL_BUFFSIZE 4 MiB per channel and peer) and
-# vLLM's custom all-reduce IPC buffers, both allocated lazily inside the profile run. A TP=2 fixture in
-# tests/data/memory_points/ will check it; until then it is a round, deliberately pessimistic figure.
+# Allowance for TP > 1, kept deliberately pessimistic. The TP=2 fixtures (h200x2_qwen3_8b_tp2_*.json, vLLM
+# 0.26) measured LESS, not more: "non-torch forward increase memory: 0.07GiB" compiled, 0.06 eager, per rank.
+# The NCCL and custom all-reduce buffers (about 1.02 GiB per rank) are allocated before vLLM's init snapshot
+# (cuda_memory=1.53GiB vs 0.51 at TP=1), i.e. outside the utilization budget, not inside the profile run.
+# The figure costs ~0.6 GiB of KV per rank at TP=2 (-0.5 % tokens, inside the fixtures' tolerance); lowering
+# it to the measured 0.07 GiB also needs test_tp2_halves_kv_per_token_and_adds_nccl_allowance changed.
 NON_TORCH_EXTRA_BYTES_TP = int(0.5 * GIB_BYTES)
 # Measured: the CUDA context and allocator state held before vLLM's first snapshot ("worker init memory
 # snapshot: ... cuda_memory=0.51GiB" on the H200). It sits outside gpu_memory_utilization's accounting, so it
@@ -108,6 +117,19 @@ CUDA_CONTEXT_BYTES = int(0.51 * GIB_BYTES)
 # Calibrated on the one logged figure (Qwen3-8B, H200, vLLM 0.26: 0.61 GiB for 51 piecewise + 35 full decode
 # graphs of 36 layers): about 206 KiB of graph-pool memory per captured graph per decoder layer.
 CUDAGRAPH_BYTES_PER_GRAPH_LAYER = int(0.61 * GIB_BYTES / ((51 + 35) * 36))
+
+# vllm/config/vllm.py (0.26): MoE architectures that still run on model runner V2 by default; every other MoE
+# architecture runs on the V1 runner (``VllmConfig.use_v2_model_runner``).
+DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "GraniteMoeForCausalLM",
+        "InklingForCausalLM",
+        "InklingForConditionalGeneration",
+        "LongcatFlashNgramForCausalLM",
+        "Qwen2MoeForCausalLM",
+    }
+)
 
 # Bytes per element of the dtypes vLLM accepts for weights, activations and KV cache.
 _DTYPE_BYTES: dict[str, float] = {
@@ -551,19 +573,23 @@ def activation_peak_bytes(
       max_num_seqs (64 vs 256), so it is not the sampler.
     * the MLP peak of the compiled forward: per batched token the gate_up output (2I), the activation (I) and
       four hidden-size tensors, ``T x (3 I/tp + 4 H) x bytes``; 1.62 GiB predicted vs 1.59 GiB logged for
-      Qwen3-8B at 16384 tokens. MoE layers hold fused_moe's three caches per routed token instead
-      (``top_k x (3 I_moe/tp + H)``) plus the shared experts (unmeasured).
+      Qwen3-8B at 16384 tokens.
+    * MoE layers: fused_moe's three caches per routed token, ``top_k x (3 I_moe/tp + H)``, plus the shared
+      experts' MLP (unmeasured), come ON TOP of the embedding-sized phase. Measured on Qwen3-30B-A3B (top-8,
+      I_moe 768, H 2048; vLLM 0.26's V1 runner): 0.75 GiB at 2048 and 1.15 GiB at 8192 batched tokens, a slope
+      of 0.40 GiB per 6144 tokens = 34,950 bf16 elements per token against top_k x (3 I_moe + H) = 34,816;
+      predicted 0.73 and 1.17 GiB.
     """
     tp = tensor_parallel_size
     act = dtype_bytes(resolve_model_dtype(shape, dtype, accelerator))
     hidden, tokens = shape.hidden_size, max_num_batched_tokens
     phase_embedding = (padded_vocab_size(shape.vocab_size) // tp * hidden + 2 * tokens * hidden) * act
-    per_token = 3 * shape.intermediate_size // tp + 4 * hidden if shape.num_dense_layers else 0
+    dense_per_token = 3 * shape.intermediate_size // tp + 4 * hidden if shape.num_dense_layers else 0
+    phase_mlp = tokens * dense_per_token * act
     if shape.is_moe:
         routed = shape.num_experts_per_tok * (3 * shape.moe_intermediate_size // tp + hidden)
         shared = 3 * shape.shared_expert_intermediate_size // tp
-        per_token = max(per_token, routed + shared + 4 * hidden)
-    phase_mlp = tokens * per_token * act
+        phase_embedding += tokens * (routed + shared) * act
     return int(max(phase_embedding, phase_mlp))
 
 
@@ -596,13 +622,33 @@ def cudagraph_bytes(
 ) -> int:
     """Graph-pool memory of vLLM's CUDA graphs (FULL_AND_PIECEWISE): one piecewise graph per capture size and
     one full decode graph per size up to the decode batch, each costing CUDAGRAPH_BYTES_PER_GRAPH_LAYER per
-    decoder layer (calibrated on the one logged figure, 0.61 GiB for Qwen3-8B)."""
+    decoder layer (calibrated on the one logged figure, 0.61 GiB for Qwen3-8B).
+
+    The same figure stands for the V1 runner's profiled estimate where that is subtracted; it overstates it
+    there: 0.81 GiB predicted for Qwen3-30B-A3B against "Estimated CUDA graph memory: 0.49 GiB total"
+    (82 MiB + 50 x 6 MiB piecewise, 134 MiB + 34 x 2 MiB full, pools overlaid), i.e. 0.5 % fewer KV tokens.
+    """
     if enforce_eager:
         return 0
     sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, num_speculative_tokens)
     decode_tokens = max_num_seqs * (1 + num_speculative_tokens)
     full_graphs = sum(1 for s in sizes if s <= decode_tokens)
     return (len(sizes) + full_graphs) * shape.num_hidden_layers * CUDAGRAPH_BYTES_PER_GRAPH_LAYER
+
+
+def uses_v1_model_runner(shape: ModelShape) -> bool:
+    """Whether vLLM 0.26 runs this model on its V1 GPU model runner, which subtracts a profiled CUDA graph
+    estimate from the KV budget (``VllmConfig.use_v2_model_runner``): MoE architectures outside
+    DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES. Measured: Qwen3-30B-A3B logs "Estimated CUDA graph memory: 0.49
+    GiB total" and its available KV is 0.49 GiB less than the profile alone leaves; Qwen3-8B (V2) subtracts
+    nothing.
+
+    vLLM 0.26 also falls back to V1 for speculative methods V2 lacks (ngram, draft_model) and for hybrid or
+    attention-free models; those paths are not measured and not modelled here.
+    """
+    if not shape.is_moe:
+        return False
+    return not any(arch in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES for arch in shape.architectures)
 
 
 def requested_memory_bytes(gpu_memory_bytes: int, gpu_memory_utilization: float) -> int:
@@ -671,10 +717,14 @@ class MemoryInputs:
     enable_chunked_prefill: bool = True
     speculative: SpeculativeSpec | None = None
     accelerator: Accelerator = "gpu"
-    # CPU backend only: KV cache size in GiB (kv_cache_memory_bytes / VLLM_CPU_KVCACHE_SPACE).
+    # CPU backend only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).
     cpu_kv_cache_space_gib: float | None = None
+    # vLLM's --kv-cache-memory-bytes (GPU or CPU): the KV cache size, replacing the profiled budget.
+    kv_cache_memory_bytes: int | None = None
     enforce_eager: bool = False
-    # False = vLLM 0.26 (graphs captured after the KV cache, in the 1 - utilization headroom).
+    # False = vLLM 0.26: on model runner V2 graphs are captured after the KV cache, in the 1 - utilization
+    # headroom; its V1 runner (MoE outside DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES) subtracts them even so.
+    # True = newer vLLM, which subtracts the estimate for every model.
     subtract_cudagraph_estimate: bool = False
     # None: 16 on GPU, 128 on CPU.
     block_size: int | None = None
@@ -798,13 +848,17 @@ def estimate_memory(inputs: MemoryInputs) -> MemoryEstimate:
     bytes_per_block = (target_kv + draft_kv) * block
 
     if accel == "cpu":
-        if inputs.cpu_kv_cache_space_gib is None:
+        if inputs.kv_cache_memory_bytes is not None:
+            available = int(inputs.kv_cache_memory_bytes)
+        elif inputs.cpu_kv_cache_space_gib is not None:
+            available = int(inputs.cpu_kv_cache_space_gib * GIB_BYTES)
+        else:
             # Without it vLLM's CPU worker takes gpu_memory_utilization of the node's RAM minus the process's
             # resident size at that moment, which no pure model can know.
             raise ValueError(
-                "cpu_kv_cache_space_gib is required on the CPU accelerator (VLLM_CPU_KVCACHE_SPACE)"
+                "cpu_kv_cache_space_gib (VLLM_CPU_KVCACHE_SPACE) or kv_cache_memory_bytes is required on the "
+                "CPU accelerator"
             )
-        available = int(inputs.cpu_kv_cache_space_gib * GIB_BYTES)
         requested = available
         graphs, non_torch, headroom = 0, 0, 0
         subtracted = False
@@ -814,12 +868,18 @@ def estimate_memory(inputs: MemoryInputs) -> MemoryEstimate:
         requested = requested_memory_bytes(inputs.gpu_memory_bytes, inputs.gpu_memory_utilization)
         non_torch = non_torch_bytes(tp)
         graphs = cudagraph_bytes(shape, inputs.max_num_seqs, budget_tokens, num_spec, inputs.enforce_eager)
-        subtracted = inputs.subtract_cudagraph_estimate and graphs > 0
+        subtracted = (inputs.subtract_cudagraph_estimate or uses_v1_model_runner(shape)) and graphs > 0
         available = (
             requested - weights - draft_weights - activation - non_torch - (graphs if subtracted else 0)
         )
         outside_budget = inputs.gpu_memory_bytes - requested
         headroom = outside_budget - CUDA_CONTEXT_BYTES - (0 if subtracted else graphs)
+        if inputs.kv_cache_memory_bytes is not None:
+            # vLLM still runs the profile forward, then takes the given size as the KV budget, whatever
+            # gpu_memory_utilization says; the graphs are captured afterwards in what is left.
+            available = int(inputs.kv_cache_memory_bytes)
+            used = weights + draft_weights + activation + non_torch + available
+            headroom = inputs.gpu_memory_bytes - used - CUDA_CONTEXT_BYTES - graphs
     num_blocks = available // bytes_per_block if available > 0 else 0
     return MemoryEstimate(
         tensor_parallel_size=tp,

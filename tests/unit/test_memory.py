@@ -53,6 +53,7 @@ def inputs_from_fixture(config: dict[str, Any]) -> m.MemoryInputs:
         speculative=spec,
         accelerator=config.get("accelerator", "gpu"),
         cpu_kv_cache_space_gib=config.get("cpu_kv_cache_space_gib"),
+        kv_cache_memory_bytes=config.get("kv_cache_memory_bytes"),
         enforce_eager=config.get("enforce_eager", False),
         subtract_cudagraph_estimate=config.get("subtract_cudagraph_estimate", False),
     )
@@ -66,7 +67,8 @@ def test_reference_point_fixture_exists() -> None:
 
 @pytest.mark.parametrize("path", POINTS, ids=[p.stem for p in POINTS])
 def test_measured_point(path: Path) -> None:
-    """Every fixture: KV tokens within 2 %, weights within 1 % of what vLLM logged."""
+    """Every fixture: KV tokens within 2 %, weights within 1 % of what vLLM logged (where it logs weights: the
+    CPU build does not, and such a fixture says weights_gib null)."""
     point = json.loads(path.read_text())
     assert point.get("source"), f"{path.name}: say where the numbers come from"
     est = m.estimate_memory(inputs_from_fixture(point["config"]))
@@ -77,7 +79,8 @@ def test_measured_point(path: Path) -> None:
         f"GiB non-torch; measured {measured}"
     )
     assert est.kv_cache_tokens == pytest.approx(measured["kv_tokens"], rel=0.02), detail
-    assert est.gib("weights_bytes") == pytest.approx(measured["weights_gib"], rel=0.01), detail
+    if measured["weights_gib"] is not None:
+        assert est.gib("weights_bytes") == pytest.approx(measured["weights_gib"], rel=0.01), detail
 
 
 def test_reference_point_breakdown() -> None:
