@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from serve_app.config import ConfigError, HeadroomConfig, available_envs, load_config, load_env_config
+from serve_app.config import ConfigError, HeadroomConfig, available_envs, load_config_files, load_env_config
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Deploy vLLM on Ray Serve, within budget.")
 model_app = typer.Typer(no_args_is_help=True, help="The embedded models headroom generates itself.")
@@ -31,7 +33,7 @@ def _load(env: str | None, config: list[Path] | None) -> HeadroomConfig:
     if env and config:
         raise typer.BadParameter("give --env or --config, not both", param_hint="--env/--config")
     if config:
-        return load_config(*config)
+        return load_config_files(*config)
     return load_env_config(env or "local")
 
 
@@ -56,7 +58,7 @@ def validate(env: EnvOption = None, config: ConfigOption = None) -> None:
 @app.command("engine-args")
 def engine_args(env: EnvOption = None, config: ConfigOption = None) -> None:
     """Print the `vllm serve` flags headroom gives the engine for a config."""
-    from serve_app.engine_args import vllm_cli_args
+    from serve_app.engine_args import PlannedEngine, vllm_cli_args
     from serve_app.model_files import resolve_models
 
     try:
@@ -64,7 +66,52 @@ def engine_args(env: EnvOption = None, config: ConfigOption = None) -> None:
         models = resolve_models(cfg)
     except ConfigError as e:
         _fail(e)
-    print(shlex.join(vllm_cli_args(cfg, models, cfg.engine.tensor_parallel_size or 1)))
+    planned = PlannedEngine(tensor_parallel_size=cfg.engine.tensor_parallel_size or 1)
+    print(shlex.join(vllm_cli_args(cfg, models, planned)))
+
+
+@app.command()
+def plan(
+    config_files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Config file(s); a file next to a base.yaml is merged on top of it.", show_default=False
+        ),
+    ] = None,
+    env: EnvOption = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", min=1, max=16, help="GPUs per node.")] = None,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, max=4096, help="Nodes.")] = 1,
+    gpu_memory_gib: Annotated[
+        float | None,
+        typer.Option(
+            "--gpu-memory-gib",
+            min=1,
+            max=1024,
+            help="GPU memory as torch reports it; default the GPU type's.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Plan a config: TP size, replicas, placement bundles, KV-cache tokens and safe concurrency; exit 1
+    when it does not fit."""
+    import json
+
+    from serve_app.planner import render_plan_table
+    from serve_app.planning import cluster_spec, plan_config
+
+    try:
+        cfg = _load(env, config_files)
+        result = plan_config(
+            cfg, cluster_spec(cfg, nodes=nodes, gpus_per_node=gpus, gpu_memory_gib=gpu_memory_gib)
+        )
+    except ConfigError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(render_plan_table(result))
+    if not result.fits:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -74,7 +121,9 @@ def serve(
     address: Annotated[
         str | None, typer.Option(help="Ray cluster address; default $RAY_ADDRESS, else a local cluster.")
     ] = None,
-    blocking: Annotated[bool, typer.Option(help="Keep running until Ctrl-C.")] = True,
+    blocking: Annotated[
+        bool, typer.Option(help="Keep running until Ctrl-C or SIGTERM, then shut the app down.")
+    ] = True,
 ) -> None:
     """Deploy a config on Ray Serve (same as `serve run serve_app.app:build_app env=...`)."""
     try:
@@ -99,7 +148,18 @@ def serve(
         f"start. OpenAI API: http://localhost:8000{cfg.route_prefix.rstrip('/')}/v1  "
         f"Prometheus metrics: Ray's metrics export port(s) {ports}"
     )
-    ray_serve.run(application, name=cfg.name, route_prefix=cfg.route_prefix, blocking=blocking)
+    # SIGTERM (from a process manager or `kill`) shuts down like Ctrl-C: the replicas stop their engines
+    # and Serve stops its ingress; a hard exit would leave the engine and HAProxy processes behind.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    ray_serve.run(application, name=cfg.name, route_prefix=cfg.route_prefix)
+    if not blocking:
+        return
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        err.print("shutting down: stopping the replicas and their engines")
+        ray_serve.shutdown()
 
 
 @model_app.command("prepare")

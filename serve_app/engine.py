@@ -17,8 +17,10 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
+from autoscale.replica_stats import SchedulerSnapshot
 from serve_app.asgi import ReplicaASGI
 from serve_app.metrics import ServingMetrics, request_started_at
 
@@ -46,38 +48,57 @@ class InstrumentedAsyncLLM(AsyncLLM):
     """AsyncLLM that reports each finished request's TTFT, TPOT and token count to headroom's metrics.
 
     It reads the timestamps the engine already keeps on every output (RequestOutput.metrics), so there is
-    no per-token work here, and it works alike for streaming and non-streaming requests.
+    no per-token work here, and it works alike for streaming and non-streaming requests (where the first
+    output is the last, so TTFT is recorded when the request finishes).
     """
 
     serving_metrics: ServingMetrics | None = None
 
     async def generate(self, *args, **kwargs) -> AsyncGenerator:  # type: ignore[override]
         http_started = request_started_at.get()
+        first_token_seen = False
         async for output in super().generate(*args, **kwargs):
-            if output.finished and self.serving_metrics is not None:
-                self._record(output, http_started)
+            stats = output.metrics
+            if self.serving_metrics is not None and stats is not None and stats.num_generation_tokens:
+                # arrival_time is wall clock, first/last token stamps are the engine core's monotonic clock.
+                if not first_token_seen:
+                    first_token_seen = True
+                    start = http_started if http_started is not None else stats.arrival_time
+                    self.serving_metrics.first_token(stats.arrival_time - start + stats.first_token_latency)
+                if output.finished:
+                    n = stats.num_generation_tokens
+                    tpot = (stats.last_token_ts - stats.first_token_ts) / (n - 1) if n > 1 else None
+                    self.serving_metrics.request_generated(tpot, n)
             yield output
 
-    def _record(self, output, http_started: float | None) -> None:
-        stats = output.metrics
-        if stats is None or not stats.num_generation_tokens:
-            return
-        # arrival_time is wall clock; the first/last token stamps are engine-core monotonic clock.
-        start = http_started if http_started is not None else stats.arrival_time
-        ttft = stats.arrival_time - start + stats.first_token_latency
-        n = stats.num_generation_tokens
-        tpot = (stats.last_token_ts - stats.first_token_ts) / (n - 1) if n > 1 else None
-        self.serving_metrics.tokens_generated(ttft, tpot, n)
+
+def scheduler_snapshot_logger(snapshot: SchedulerSnapshot) -> type[StatLoggerBase]:
+    """A vLLM stat logger that keeps the scheduler's latest running/waiting/KV numbers in `snapshot`."""
+
+    class SchedulerSnapshotLogger(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is not None:
+                snapshot.num_running = scheduler_stats.num_running_reqs
+                snapshot.num_waiting = scheduler_stats.num_waiting_reqs
+                snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
+
+        def log_engine_initialized(self):
+            pass
+
+    return SchedulerSnapshotLogger
 
 
-async def start_engine(args: argparse.Namespace, metrics: ServingMetrics | None) -> InstrumentedAsyncLLM:
+async def start_engine(args: argparse.Namespace, metrics: ServingMetrics) -> InstrumentedAsyncLLM:
     """Starts the engine as `vllm serve` would, with vLLM's metrics exported through Ray."""
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     engine = InstrumentedAsyncLLM.from_vllm_config(
         vllm_config=vllm_config,
         usage_context=UsageContext.OPENAI_API_SERVER,
-        stat_loggers=[RayPrometheusStatLogger],
+        stat_loggers=[RayPrometheusStatLogger, scheduler_snapshot_logger(metrics.window.scheduler)],
         enable_log_requests=engine_args.enable_log_requests,
         disable_log_stats=engine_args.disable_log_stats,
     )

@@ -40,8 +40,18 @@ def speculative_config(cfg: HeadroomConfig, draft_path: str | None) -> dict | No
     return out
 
 
-def vllm_cli_args(cfg: HeadroomConfig, models: ResolvedModels, tensor_parallel_size: int = 1) -> list[str]:
-    """The `vllm serve` flags that configure an engine exactly as `cfg` says."""
+@dataclass(frozen=True)
+class PlannedEngine:
+    """What the plan decides for each engine (serve_app.planning); the rest comes from the config."""
+
+    tensor_parallel_size: int = 1
+    max_num_seqs: int | None = None  # None: the config's value
+
+
+def vllm_cli_args(
+    cfg: HeadroomConfig, models: ResolvedModels, planned: PlannedEngine = PlannedEngine()
+) -> list[str]:
+    """The `vllm serve` flags that configure an engine exactly as `cfg` and its plan say."""
     m, e = cfg.model, cfg.engine
     args = ["--model", models.model_path, "--served-model-name", cfg.served_model_name]
     if m.tokenizer:
@@ -53,7 +63,7 @@ def vllm_cli_args(cfg: HeadroomConfig, models: ResolvedModels, tensor_parallel_s
         args += ["--max-model-len", str(m.max_model_len)]
     if m.dummy_weights:
         args += ["--load-format", "dummy"]
-    args += ["--max-num-seqs", str(e.max_num_seqs), "--seed", str(e.seed)]
+    args += ["--max-num-seqs", str(planned.max_num_seqs or e.max_num_seqs), "--seed", str(e.seed)]
     args.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
     args.append("--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill")
     if e.max_num_batched_tokens:
@@ -68,7 +78,11 @@ def vllm_cli_args(cfg: HeadroomConfig, models: ResolvedModels, tensor_parallel_s
             args += ["--kv-cache-memory-bytes", str(int(e.cpu_kv_cache_space_gib * GIB))]
     else:
         args += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
-        args += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        args += ["--tensor-parallel-size", str(planned.tensor_parallel_size)]
+        if planned.tensor_parallel_size > 1:
+            # Inside a Serve replica the TP ranks must be Ray actors in the replica's placement group:
+            # multiprocessing workers would only see the replica's own (GPU-less) bundle.
+            args += ["--distributed-executor-backend", "ray"]
     spec = speculative_config(cfg, models.draft_path)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, sort_keys=True)]

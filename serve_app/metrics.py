@@ -16,6 +16,8 @@ import contextvars
 import time
 from collections.abc import Iterable
 
+from autoscale.replica_stats import ReplicaStatsWindow
+
 TTFT_SECONDS = "headroom_ttft_seconds"
 TPOT_SECONDS = "headroom_tpot_seconds"
 E2E_SECONDS = "headroom_e2e_latency_seconds"
@@ -37,11 +39,13 @@ request_started_at: contextvars.ContextVar[float | None] = contextvars.ContextVa
 
 
 class ServingMetrics:
-    """The replica's metric objects; tag values are fixed at construction."""
+    """The replica's measurements: Prometheus metrics (tag values fixed at construction) and the sliding
+    window the autoscaler reads through `record_autoscaling_stats`."""
 
-    def __init__(self, tags: dict[str, str]):
+    def __init__(self, tags: dict[str, str], window: ReplicaStatsWindow):
         from ray.util import metrics
 
+        self.window = window
         keys = tuple(tags)
 
         def histogram(name: str, description: str, buckets: Iterable[float]):
@@ -70,6 +74,7 @@ class ServingMetrics:
     def request_started(self) -> None:
         self._in_flight += 1
         self.in_flight.set(self._in_flight)
+        self.window.request_arrived(time.time())
 
     def request_finished(self, started_s: float, status: int) -> None:
         self._in_flight -= 1
@@ -77,8 +82,11 @@ class ServingMetrics:
         self.e2e_s.observe(time.time() - started_s)
         self.requests.inc(tags={"status": str(status)})
 
-    def tokens_generated(self, ttft_s: float, tpot_s: float | None, output_tokens: int) -> None:
+    def first_token(self, ttft_s: float) -> None:
         self.ttft_s.observe(ttft_s)
+        self.window.first_token(time.time(), ttft_s * 1000)
+
+    def request_generated(self, tpot_s: float | None, output_tokens: int) -> None:
         if tpot_s is not None:
             self.tpot_s.observe(tpot_s)
         self.output_tokens.observe(output_tokens)

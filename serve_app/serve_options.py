@@ -8,16 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoscale.ray_policy import POLICY_IMPORT_PATH
 from serve_app.config import HeadroomConfig
+from serve_app.planner import Plan
 
 # Ray Serve settings for the cluster (read by Serve's processes at start-up, so they must be in the
 # environment of `ray start` / the driver that starts the cluster). Measured on the tiny CPU model
 # (loadtests/bench_overhead.py): with Serve's default Python proxy, streaming added 9-11 ms TTFT p50 at
 # concurrency 1 and cost 30% throughput at 32; with HAProxy in front of replicas that serve HTTP
-# themselves (one hop) and user code on the replica's main event loop, +2 ms and -8%.
+# themselves (one hop) and user code on the replica's main event loop, +2 ms and -8%. Ray also starts
+# workers at nice 15 so its own daemons stay responsive; here the worker (the replica and its engine) is
+# the workload, and at nice 15 it lost the CPU to everything else on the node. Last, a replica that is
+# killed hard (graceful shutdown timed out) leaves its vLLM engine-core process behind, holding the
+# accelerator's memory so that the replacement replica cannot start: the raylet, as subreaper, kills it.
 SERVE_CLUSTER_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_worker_niceness": "0",
+    "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
 }
 
 
@@ -27,39 +35,62 @@ def apply_cluster_env(environ: dict[str, str]) -> None:
         environ.setdefault(key, value)
 
 
-def replica_resources(cfg: HeadroomConfig, tensor_parallel_size: int = 1) -> dict[str, Any]:
-    """Where a replica runs. A TP group gets one placement group: the replica's CPU bundle plus one GPU
-    bundle per rank, STRICT_PACK so all ranks share a node (vLLM's Ray executor uses that group)."""
-    cpus = cfg.resources.num_cpus_per_replica
-    if cfg.resources.accelerator == "cpu":
-        return {"ray_actor_options": {"num_cpus": cpus}}
-    if tensor_parallel_size == 1:
-        return {"ray_actor_options": {"num_cpus": cpus, "num_gpus": 1}}
-    return {
-        "ray_actor_options": {"num_cpus": cpus},
-        "placement_group_bundles": [{"CPU": cpus}] + [{"GPU": 1} for _ in range(tensor_parallel_size)],
-        "placement_group_strategy": "STRICT_PACK",
-    }
-
-
-def deployment_options(cfg: HeadroomConfig, tensor_parallel_size: int = 1) -> dict[str, Any]:
+def deployment_options(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
+    """Serve options for the planned replicas: a TP group gets one placement group holding the replica's
+    CPU bundle and a GPU bundle per rank, STRICT_PACK so all ranks share a node (vLLM's Ray executor
+    places its workers in it); a single-GPU or CPU replica is a plain actor."""
     d = cfg.deployment
     opts: dict[str, Any] = {
         "max_ongoing_requests": d.max_ongoing_requests,
         "health_check_period_s": d.health_check_period_s,
         "health_check_timeout_s": d.health_check_timeout_s,
         "graceful_shutdown_timeout_s": d.graceful_shutdown_timeout_s,
-        **replica_resources(cfg, tensor_parallel_size),
     }
+    cpus = cfg.resources.num_cpus_per_replica
+    if plan.tensor_parallel_size > 1:
+        opts["ray_actor_options"] = {"num_cpus": cpus}
+        opts["placement_group_bundles"] = [dict(b) for b in plan.bundles]
+        opts["placement_group_strategy"] = plan.placement_strategy
+    elif cfg.resources.accelerator == "gpu":
+        opts["ray_actor_options"] = {"num_cpus": cpus, "num_gpus": 1}
+    else:
+        opts["ray_actor_options"] = {"num_cpus": cpus}
     if d.autoscaling is not None:
-        a = d.autoscaling
-        opts["autoscaling_config"] = {
-            "min_replicas": a.min_replicas,
-            "max_replicas": a.max_replicas,
-            "initial_replicas": a.initial_replicas,
-            "upscale_delay_s": a.upscale_delay_s,
-            "downscale_delay_s": a.downscale_delay_s,
-        }
+        opts["autoscaling_config"] = autoscaling_config(cfg, plan)
     else:
         opts["num_replicas"] = d.num_replicas or 1
     return opts
+
+
+def autoscaling_config(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
+    """Ray Serve's autoscaling_config for the config's policy."""
+    a = cfg.deployment.autoscaling
+    assert a is not None
+    bounds = {
+        "min_replicas": a.min_replicas,
+        "max_replicas": a.max_replicas,
+        "initial_replicas": a.initial_replicas,
+    }
+    if a.policy == "ray_queue_length":
+        target = a.target_ongoing_requests or max(1.0, 0.8 * plan.max_num_seqs)
+        return {**bounds, "target_ongoing_requests": target}
+    policy_kwargs = {
+        "window_s": a.window_s,
+        "ttft_target_ms": cfg.slo.ttft_p95_ms,
+        "replica_startup_s": a.replica_startup_s,
+        "upscale_cooldown_s": a.upscale_cooldown_s,
+        "downscale_sustain_s": a.downscale_sustain_s,
+        "downscale_cooldown_s": a.downscale_cooldown_s,
+        "per_replica_capacity_rps": a.per_replica_capacity_rps,
+        "per_replica_max_concurrency": plan.max_num_seqs,
+        "min_replicas": a.min_replicas,
+        "max_replicas": a.max_replicas,
+    }
+    return {
+        **bounds,
+        # The policy keeps its own hysteresis and cooldowns; Ray's delays would stack on top of them.
+        "upscale_delay_s": 0,
+        "downscale_delay_s": 0,
+        "look_back_period_s": a.window_s,
+        "policy": {"policy_function": POLICY_IMPORT_PATH, "policy_kwargs": policy_kwargs},
+    }

@@ -74,3 +74,24 @@ def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(clus
         pytest.fail(f"draft replica was not replaced within 300 s (status {status})")
     r = cluster.client("/draft").completions.create(model="tiny-qwen3-drafted", prompt="back", max_tokens=4)
     assert r.usage.completion_tokens == 4
+
+
+def test_hard_killed_replica_leaves_no_engine_behind(cluster):
+    """A replica killed with SIGKILL cannot stop its engine; the raylet (subreaper) must reap it, or the
+    orphan would keep holding the accelerator's memory from the replacement."""
+    [replica] = replica_processes("draft")
+    core = engine_core_of(replica)
+    os.kill(replica.pid, signal.SIGKILL)
+    try:
+        core.wait(timeout=30)
+    except psutil.TimeoutExpired:
+        core.kill()
+        pytest.fail("the engine core outlived its killed replica by 30 s")
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        new = [p for p in replica_processes("draft") if p.pid != replica.pid]
+        if new and serve.status().applications["draft"].status == "RUNNING":
+            break
+        time.sleep(2)
+    else:
+        pytest.fail("draft replica was not replaced within 300 s")

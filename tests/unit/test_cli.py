@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -55,3 +57,44 @@ def test_engine_args_prints_vllm_flags():
     assert result.exit_code == 0, result.output
     assert "--served-model-name tiny-qwen3" in result.output
     assert "--max-num-seqs 32" in result.output
+
+
+def test_plan_json_has_the_documented_keys():
+    result = runner.invoke(app, ["plan", "configs/prod.yaml", "--json", "--gpus", "8", "--nodes", "2"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    for key in (
+        "fits",
+        "tensor_parallel_size",
+        "replicas",
+        "kv_cache_tokens_per_replica",
+        "max_concurrency_per_replica",
+        "bundles",
+        "weights_gib_per_gpu",
+        "kv_bytes_per_token",
+        "reasons",
+    ):
+        assert key in plan
+    assert plan["fits"] and plan["replicas"] >= 1 and plan["reasons"]
+
+
+def test_plan_refuses_the_seeds_512_sequence_pitfall(tmp_path):
+    # The seeds' pitfall: max_num_seqs 512, unquantized, long context, one GPU.
+    path = tmp_path / "pitfall.yaml"
+    path.write_text(
+        "model: {source: Qwen/Qwen3-32B, max_model_len: 40960}\n"
+        "engine: {max_num_seqs: 512}\n"
+        "resources: {accelerator: gpu, gpu_type: H100-80GB}\n"
+    )
+    result = runner.invoke(app, ["plan", str(path), "--json"])
+    assert result.exit_code == 1
+    plan = json.loads(result.output)
+    assert not plan["fits"]
+    text = " ".join(plan["reasons"])
+    assert "GiB" in text and "max_model_len" in text
+
+
+def test_plan_flag_out_of_range_names_the_flag():
+    result = runner.invoke(app, ["plan", "configs/prod.yaml", "--gpus", "0"])
+    assert result.exit_code == 2
+    assert "--gpus" in result.output

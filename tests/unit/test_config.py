@@ -123,7 +123,7 @@ def test_base_is_what_staging_and_prod_share() -> None:
         assert config.model.max_model_len == 8192
         assert config.engine.enable_prefix_caching and config.engine.enable_chunked_prefill
         assert config.resources.gpu_type == "H200"
-        assert config.resources.gpu_memory_gib == 140.4
+        assert config.resources.gpu_memory_gib == 139.8
         assert config.slo.tpot_p50_ms == 50
 
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from serve_app.config import deep_merge, load_env_config, parse_config
-from serve_app.engine_args import ResolvedModels, vllm_cli_args
+from serve_app.config import ConfigError, deep_merge, load_env_config, parse_config
+from serve_app.engine_args import PlannedEngine, ResolvedModels, vllm_cli_args
+from serve_app.planning import cluster_spec, plan_config, require_fit
 from serve_app.serve_options import deployment_options
 
 MODELS = ResolvedModels("/models/target", "/models/draft")
@@ -74,24 +75,64 @@ def test_speculative_config_reaches_flags(spec, expected):
     assert json.loads(flag(args, "--speculative-config")) == expected
 
 
-def test_gpu_flags_and_tensor_parallel_bundles():
+def test_gpu_flags_and_tensor_parallel():
     cfg = config(
         resources={"accelerator": "gpu", "gpu_type": "H200"}, engine={"gpu_memory_utilization": 0.85}
     )
-    args = vllm_cli_args(cfg, MODELS, tensor_parallel_size=2)
+    args = vllm_cli_args(cfg, MODELS, PlannedEngine(tensor_parallel_size=2, max_num_seqs=64))
     assert flag(args, "--gpu-memory-utilization") == "0.85"
     assert flag(args, "--tensor-parallel-size") == "2"
+    assert flag(args, "--max-num-seqs") == "64"  # the plan's safe value, not the config's
+    # TP ranks must be Ray actors in the replica's placement group.
+    assert flag(args, "--distributed-executor-backend") == "ray"
     assert "--kv-cache-memory-bytes" not in args
-    opts = deployment_options(cfg, tensor_parallel_size=2)
+    single = vllm_cli_args(cfg, MODELS)
+    assert "--distributed-executor-backend" not in single and flag(single, "--tensor-parallel-size") == "1"
+
+
+def gpu_config(model: str, **deployment):
+    return config(
+        model={"source": model, "served_name": "m", "max_model_len": 8192, "dtype": "auto"},
+        engine={"enforce_eager": False, "cpu_kv_cache_space_gib": None, "max_num_batched_tokens": None},
+        resources={"accelerator": "gpu", "gpu_type": "H200", "gpu_memory_gib": 139.8},
+        deployment=deployment,
+    )
+
+
+def test_tensor_parallel_plan_becomes_a_strict_pack_placement_group():
+    cfg = gpu_config("Qwen/Qwen3-32B", num_replicas=2)
+    cfg = parse_config(deep_merge(cfg.model_dump(mode="json"), {"engine": {"tensor_parallel_size": 2}}))
+    result = plan_config(cfg, cluster_spec(cfg, nodes=2, gpus_per_node=4))
+    assert result.fits and result.tensor_parallel_size == 2
+    opts = deployment_options(cfg, result)
     assert opts["placement_group_strategy"] == "STRICT_PACK"
-    assert opts["placement_group_bundles"] == [{"CPU": 1}, {"GPU": 1}, {"GPU": 1}]
-    assert deployment_options(cfg, 1)["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}
+    assert [b["GPU"] for b in opts["placement_group_bundles"]] == [1, 1]
+    assert opts["ray_actor_options"] == {"num_cpus": 1}
+    assert opts["num_replicas"] == 2
+
+
+def test_single_gpu_plan_is_a_plain_gpu_actor():
+    cfg = gpu_config("Qwen/Qwen3-8B", num_replicas=1)
+    result = plan_config(cfg, cluster_spec(cfg, gpus_per_node=1))
+    opts = deployment_options(cfg, result)
+    assert opts["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}
+    assert "placement_group_bundles" not in opts
+
+
+def test_more_replicas_than_the_cluster_holds_is_refused():
+    cfg = gpu_config("Qwen/Qwen3-8B", num_replicas=3)
+    result = plan_config(cfg, cluster_spec(cfg, gpus_per_node=2))
+    assert not result.fits
+    assert "deployment.num_replicas (3)" in result.reasons[-1]
+    with pytest.raises(ConfigError, match="Lower num_replicas to 2"):
+        require_fit(result)
 
 
 def test_replicas_and_autoscaling_options():
-    assert deployment_options(config())["num_replicas"] == 1
+    local = config()
+    assert deployment_options(local, plan_config(local, cluster_spec(local)))["num_replicas"] == 1
     auto = config(deployment={"num_replicas": None, "autoscaling": {"min_replicas": 1, "max_replicas": 3}})
-    opts = deployment_options(auto)
+    opts = deployment_options(auto, plan_config(auto, cluster_spec(auto)))
     assert "num_replicas" not in opts
     assert opts["autoscaling_config"]["max_replicas"] == 3
     assert opts["ray_actor_options"] == {"num_cpus": 1}
