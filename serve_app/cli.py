@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
@@ -121,9 +120,7 @@ def serve(
     address: Annotated[
         str | None, typer.Option(help="Ray cluster address; default $RAY_ADDRESS, else a local cluster.")
     ] = None,
-    blocking: Annotated[
-        bool, typer.Option(help="Keep running until Ctrl-C or SIGTERM, then shut the app down.")
-    ] = True,
+    blocking: Annotated[bool, typer.Option(help="Keep running until Ctrl-C, then shut the app down.")] = True,
 ) -> None:
     """Deploy a config on Ray Serve (same as `serve run serve_app.app:build_app env=...`)."""
     try:
@@ -148,9 +145,8 @@ def serve(
         f"start. OpenAI API: http://localhost:8000{cfg.route_prefix.rstrip('/')}/v1  "
         f"Prometheus metrics: Ray's metrics export port(s) {ports}"
     )
-    # SIGTERM (from a process manager or `kill`) shuts down like Ctrl-C: the replicas stop their engines
-    # and Serve stops its ingress; a hard exit would leave the engine and HAProxy processes behind.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl-C shuts the app down so the replicas stop their engines; SIGTERM is Ray's: it drains the
+    # local node and stops its processes.
     ray_serve.run(application, name=cfg.name, route_prefix=cfg.route_prefix)
     if not blocking:
         return
