@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.headroom-setup
 
-.PHONY: setup run test test-unit test-integration lint fmt bench-overhead bench-autoscale clean
+.PHONY: setup run test test-unit test-integration lint fmt plan loadtest ladder bench bench-overhead bench-autoscale bench-vllm-agreement clean
 
 # The set-up reruns only when what it installs changes.
 $(STAMP): pyproject.toml scripts/setup.sh
@@ -32,9 +32,32 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# What fits where: TP size, replicas, KV tokens, safe concurrency (no GPU needed).
+plan: $(STAMP)
+	$(VENV)/bin/headroom plan configs/prod.yaml --gpus 8 --nodes 2
+
+# A short headless Locust run against the embedded default: CSVs + per-request raw file in results/loadtest.
+loadtest: $(STAMP)
+	bash scripts/loadtest.sh
+
+# The seeds' tuning procedure on the embedded default (about 10 minutes on 2 CPU cores).
+ladder: $(STAMP)
+	$(VENV)/bin/headroom ladder configs/base.yaml configs/local.yaml loadtests/configs/local-draft.yaml \
+	  --profile structured --steps 1:15,4:15,16:15 --max-tokens 64 --ttft-slo-ms 100 --out results/ladder-cpu
+
+bench: bench-overhead bench-autoscale
+
 # Side-by-side TTFT/TPOT/throughput of headroom and bare `vllm serve` (same engine flags).
 bench-overhead: $(STAMP)
 	$(PY) -m loadtests.bench_overhead --env local --out results/bench_overhead
+
+# The autoscaling policy against Ray's default and a static fleet, in simulation.
+bench-autoscale: $(STAMP)
+	$(PY) -m autoscale.bench --out results/autoscale
+
+# Our TTFT/TPOT against `vllm bench serve` on the same server (start one first: make run).
+bench-vllm-agreement: $(STAMP)
+	$(PY) -m loadtests.vllm_bench_agreement --url http://127.0.0.1:8000 --model tiny-qwen3
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

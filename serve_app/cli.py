@@ -23,6 +23,12 @@ out = Console()
 EnvOption = Annotated[
     str | None, typer.Option("--env", "-e", help="Environment: configs/base.yaml + configs/<env>.yaml.")
 ]
+ConfigFilesArgument = Annotated[
+    list[Path] | None,
+    typer.Argument(
+        help="Config file(s); a file next to a base.yaml is merged on top of it.", show_default=False
+    ),
+]
 ConfigOption = Annotated[
     list[Path] | None, typer.Option("--config", "-c", help="Config file(s), merged in order.")
 ]
@@ -71,12 +77,7 @@ def engine_args(env: EnvOption = None, config: ConfigOption = None) -> None:
 
 @app.command()
 def plan(
-    config_files: Annotated[
-        list[Path] | None,
-        typer.Argument(
-            help="Config file(s); a file next to a base.yaml is merged on top of it.", show_default=False
-        ),
-    ] = None,
+    config_files: ConfigFilesArgument = None,
     env: EnvOption = None,
     gpus: Annotated[int | None, typer.Option("--gpus", min=1, max=16, help="GPUs per node.")] = None,
     nodes: Annotated[int, typer.Option("--nodes", min=1, max=4096, help="Nodes.")] = 1,
@@ -156,6 +157,59 @@ def serve(
     except KeyboardInterrupt:
         err.print("shutting down: stopping the replicas and their engines")
         ray_serve.shutdown()
+
+
+@app.command()
+def ladder(
+    config_files: ConfigFilesArgument = None,
+    env: EnvOption = None,
+    profile: Annotated[
+        str, typer.Option(help="Workload: random, shared-prefix, multi-turn, structured or creative.")
+    ] = "random",
+    ttft_slo_ms: Annotated[
+        float | None, typer.Option(min=0.001, help="TTFT p95 target; default the config's slo.ttft_p95_ms.")
+    ] = None,
+    steps: Annotated[str, typer.Option(help="Concurrency ladder, users:seconds steps.")] = "1:20,4:20,16:20",
+    max_tokens: Annotated[int, typer.Option(min=1, max=32768, help="Output tokens per request.")] = 64,
+    seed: Annotated[int, typer.Option(min=0, help="Workload seed.")] = 0,
+    url: Annotated[
+        str | None,
+        typer.Option(help="Measure a running server as deployed instead of deploying each setting."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Report folder.")] = Path("results/ladder"),
+) -> None:
+    """The seeds' tuning procedure: a fixed workload and concurrency ladder, the baseline, then prefix
+    caching, chunked prefill and speculative decoding switched on one at a time; writes a report."""
+    from loadtests.ladder import run_ladder
+    from loadtests.workloads import PROFILES, parse_steps
+
+    if profile not in PROFILES:
+        raise typer.BadParameter(f"{profile!r} is not one of {', '.join(PROFILES)}", param_hint="--profile")
+    try:
+        parse_steps(steps)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--steps") from None
+    try:
+        cfg = _load(env, config_files)
+    except ConfigError as e:
+        _fail(e)
+    report = run_ladder(
+        cfg,
+        profile,
+        ttft_slo_ms or cfg.slo.ttft_p95_ms,
+        steps,
+        out,
+        max_tokens,
+        seed,
+        url,
+        progress=err.print,
+    )
+    rec = report["recommendation"]
+    out_console = Console()
+    out_console.print(
+        f"recommended max_num_seqs {rec['max_num_seqs']}, features: {', '.join(rec['features']) or 'none'}"
+    )
+    out_console.print(f"report: {out / 'report.md'}")
 
 
 @model_app.command("prepare")
