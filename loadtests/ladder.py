@@ -15,6 +15,7 @@ directly; `run_ladder` is the glue that deploys, loads with Locust and samples m
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import raw_stats
+from loadtests.streaming_client import run_load
 from loadtests.workloads import parse_steps
 from serve_app.config import HeadroomConfig, deep_merge, parse_config
 
@@ -240,9 +242,14 @@ def run_locust(
         raise RuntimeError(f"locust wrote no results (exit {result.returncode}): {result.stderr[-2000:]}")
 
 
+# Each step's first seconds hold the previous step's requests still draining and the new users ramping.
+STEP_WARMUP_S = 2.0
+
+
 def step_rows(raw: Path, ladder: str) -> list[dict[str, Any]]:
     steps = parse_steps(ladder)
-    by_label = {row["group"]: row for row in raw_stats.summarize_by(raw_stats.load_records(raw), "step")}
+    summaries = raw_stats.summarize_by(raw_stats.load_records(raw), "step", warmup_s=STEP_WARMUP_S)
+    by_label = {row["group"]: row for row in summaries}
     rows = []
     for step in steps:
         row = by_label.get(f"c={step.value:g}", {})
@@ -311,6 +318,8 @@ def run_ladder(
             target = f"http://127.0.0.1:{http_port}"
         else:
             app_cfg, target = cfg, url
+        # A fresh engine's first requests pay one-time costs; they are not part of any step.
+        asyncio.run(run_load(target, cfg.served_model_name, 4, 8, max_tokens))
         progress(f"[{index + 1}/{len(settings)}] {setting.name}: ladder {ladder}")
         with MemorySampler(lambda: replica_processes("ladder")) as memory:
             run_locust(target, cfg.served_model_name, profile, ladder, max_tokens, raw, seed)
