@@ -125,6 +125,20 @@ def feature_verdicts(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         ttft = _ratio(a["ttft_p95_ms"], b["ttft_p95_ms"])
         tpot = _ratio(a["tpot_p50_ms"], b["tpot_p50_ms"])
         keep = throughput >= MIN_THROUGHPUT_RATIO and ttft <= MAX_TTFT_RATIO
+        if math.isnan(throughput) or math.isnan(ttft):
+            verdicts.append(
+                {
+                    "feature": after["feature"],
+                    "setting": after["setting"],
+                    "keep": None,
+                    "throughput_ratio": throughput,
+                    "ttft_p95_ratio": ttft,
+                    "tpot_p50_ratio": tpot,
+                    "reason": f"not judged: nothing measured at concurrency {a['concurrency']} for "
+                    f"{after['setting']} or {before['setting']}; rerun the ladder",
+                }
+            )
+            continue
         why = (
             f"at concurrency {a['concurrency']}: throughput x{throughput:.2f}, TTFT p95 x{ttft:.2f}, "
             f"TPOT p50 x{tpot:.2f} against {before['setting']}"
@@ -151,7 +165,8 @@ def recommend(runs: Sequence[dict[str, Any]], ttft_slo_ms: float) -> dict[str, A
     """The feature set (features whose gain survives; of the speculation methods, the better surviving
     one) and max_num_seqs: the production concurrency of the setting with exactly those features."""
     verdicts = feature_verdicts(runs)
-    kept = {v["feature"] for v in verdicts if v["keep"] and not is_speculation(v["feature"])}
+    # A feature that could not be judged is kept (it was on in every later setting that was measured).
+    kept = {v["feature"] for v in verdicts if v["keep"] is not False and not is_speculation(v["feature"])}
     spec = [v for v in verdicts if v["keep"] and is_speculation(v["feature"])]
     if spec:
         kept.add(max(spec, key=lambda v: v["throughput_ratio"])["feature"])

@@ -82,3 +82,13 @@ def test_speculation_that_loses_at_high_concurrency_is_switched_off():
     rec = recommend(runs, ttft_slo_ms=150)
     assert rec["features"] == ["prefix caching", "chunked prefill", "draft-model speculation"]
     assert rec["setting"] == "+draft-model speculation" and rec["max_num_seqs"] == 16
+
+
+def test_a_setting_without_measurements_is_not_judged():
+    runs = [
+        run("baseline", None, [(1, 50, 2, 100), (16, 200, 4, 1000)], 1),
+        run("+prefix caching", "prefix caching", [(1, 30, 2, 110), (16, math.nan, math.nan, math.nan)], 1),
+    ]
+    [verdict] = feature_verdicts(runs)
+    assert verdict["keep"] is None and "not judged" in verdict["reason"]
+    assert recommend(runs, ttft_slo_ms=150)["features"] == ["prefix caching"]
