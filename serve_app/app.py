@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -97,9 +98,13 @@ def build_from_config(cfg: HeadroomConfig, cluster: ClusterSpec | None = None) -
     return deployment.bind(cfg.model_dump(mode="json"), asdict(planned))
 
 
-def build_app(args: dict[str, str]) -> Application:
-    """Application builder for `serve run serve_app.app:build_app env=<env>` or `config=<a.yaml,b.yaml>`."""
-    if "config" in args:
+def build_app(args: dict[str, Any]) -> Application:
+    """Application builder for `serve run serve_app.app:build_app env=<env>` or `config=<a.yaml,b.yaml>`,
+    and for a Serve config rendered by `headroom render`/`rollout`, whose args.config is the merged config
+    itself (a mapping; args.headroom, its env and hash, is metadata for `headroom status`)."""
+    if isinstance(args.get("config"), Mapping):
+        cfg = parse_config(args["config"], source="args.config of the rendered Serve config")
+    elif "config" in args:
         cfg = load_config_files(*args["config"].split(","))
     else:
         cfg = load_env_config(args.get("env", "local"))

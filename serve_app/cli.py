@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from serve_app.cli_rollout import register as register_rollout_commands
 from serve_app.config import ConfigError, HeadroomConfig, available_envs, load_config_files, load_env_config
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Deploy vLLM on Ray Serve, within budget.")
@@ -231,6 +232,9 @@ def model_prepare(
 def envs() -> None:
     """List the environments in configs/."""
     print("\n".join(available_envs()))
+
+
+register_rollout_commands(app)
 
 
 def main() -> None:

@@ -91,6 +91,8 @@ def autoscaling_config(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
         # The policy keeps its own hysteresis and cooldowns; Ray's delays would stack on top of them.
         "upscale_delay_s": 0,
         "downscale_delay_s": 0,
-        "look_back_period_s": a.window_s,
+        # Ray requires the look-back to exceed its 10 s metrics interval; the policy reads each replica's
+        # newest report (its own window_s), so this only paces Ray's bookkeeping.
+        "look_back_period_s": max(a.window_s, 20.0),
         "policy": {"policy_function": POLICY_IMPORT_PATH, "policy_kwargs": policy_kwargs},
     }
