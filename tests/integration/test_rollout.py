@@ -1,0 +1,346 @@
+"""`headroom rollout` end to end on a real Ray cluster with the real vLLM CPU engine.
+
+The test starts its own cluster with `ray start` (the production cluster settings, SERVE_CLUSTER_ENV, in its
+environment; free ports, and HAProxy's files and Serve's fixed ports moved, so it shares nothing with other
+clusters on the machine) and deploys through the dashboard's REST API, as `serve deploy` does:
+- version A (configs/local.yaml + configs/rollout.yaml) rolls out and passes its smoke gate;
+- version B changes an engine setting (max_num_seqs): Serve's rolling update replaces the replica (a new
+  one starts before the old one stops) while a background thread sends requests; none fails;
+- version C sets an SLO no engine meets (TTFT p95 <= 0.001 ms): its smoke gate fails, it is rolled back to
+  B automatically, and B serves throughout and after.
+
+`ray stop` stops every Ray cluster on the machine, so the test stops only its own, by process id: it makes
+itself the subreaper of what `ray start` leaves behind, and at the end stops its new descendants (SIGTERM,
+then SIGKILL after a grace period), the engine processes included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from serve_app.config import DEFAULT_CONFIG_DIR, ConfigError
+from serve_app.rollout import SmokeOptions, auth_headers, read_history, rollout, status
+from serve_app.serve_options import apply_cluster_env
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+VERSION_A = [
+    DEFAULT_CONFIG_DIR / "base.yaml",
+    DEFAULT_CONFIG_DIR / "local.yaml",
+    HERE / "configs" / "rollout.yaml",
+]
+MODEL = "tiny-qwen3-rollout"
+SMOKE = SmokeOptions(users=2, duration_s=10, max_tokens=16)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RayCluster:
+    dashboard: str
+    http_port: int
+    state_dir: Path
+
+    @property
+    def app_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/rollout"
+
+
+def _set_child_subreaper(on: bool) -> None:
+    """prctl(PR_SET_CHILD_SUBREAPER): the daemons `ray start` leaves behind become this process's children
+    (not init's), so the cluster's processes are exactly our new descendants."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, int(on), 0, 0, 0)
+
+
+def _cluster_processes(before: set[int], root: Path) -> list[psutil.Process]:
+    """Descendants of the children this process gained since `before`, plus anything holding files under
+    the cluster's temp dir (in case one was reparented elsewhere)."""
+    me = psutil.Process()
+    found: dict[int, psutil.Process] = {}
+    for child in me.children():
+        if child.pid in before:
+            continue
+        with contextlib.suppress(psutil.Error):
+            for proc in [child, *child.children(recursive=True)]:
+                found[proc.pid] = proc
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.pid != me.pid and any(f.path.startswith(str(root)) for f in proc.open_files()):
+                found[proc.pid] = proc
+    return list(found.values())
+
+
+def _stop(procs: list[psutil.Process], grace_s: float = 15) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+    root = Path(tempfile.mkdtemp(prefix="hr-", dir="/tmp"))  # short: Unix socket paths live under it
+    ports = {
+        name: free_port()
+        for name in (
+            "gcs",
+            "dashboard",
+            "metrics",
+            "client",
+            "agent",
+            "agent_grpc",
+            "runtime_env",
+            "node_manager",
+            "object_manager",
+            "http",
+            "haproxy_stats",
+            "haproxy_metrics",
+            "fallback_http",
+            "fallback_grpc",
+        )
+    }
+    # 100-port windows away from Serve's defaults (30000-31000, 40000-41000) that other clusters use.
+    replica_http, replica_grpc = random.randrange(31000, 32600, 100), random.randrange(41000, 42900, 100)
+    env = dict(os.environ)
+    apply_cluster_env(env)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p),
+            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(root / "haproxy" / "haproxy.cfg"),
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(root / "haproxy" / "admin.sock"),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(root / "haproxy"),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(root / "haproxy" / "server-state"),
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(root / "haproxy" / "metrics.sock"),
+            "RAY_SERVE_HAPROXY_STATS_PORT": str(ports["haproxy_stats"]),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(ports["haproxy_metrics"]),
+            # Serve's Python proxy (HAProxy's fallback while an app has no running replica) and the replicas'
+            # own HTTP/gRPC servers bind with SO_REUSEPORT on fixed defaults (8500, 9500, 30000+, 40000+):
+            # another cluster on this machine would share those sockets, and answer some of our requests.
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(ports["fallback_http"]),
+            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(ports["fallback_grpc"]),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(replica_http),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(replica_http + 99),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(replica_grpc),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(replica_grpc + 99),
+        }
+    )
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    cmd = [
+        ray_bin, "start", "--head", "--disable-usage-stats", "--num-cpus", "8",
+        "--port", str(ports["gcs"]),
+        "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"]),
+        "--metrics-export-port", str(ports["metrics"]),
+        "--ray-client-server-port", str(ports["client"]),
+        "--dashboard-agent-listen-port", str(ports["agent"]),
+        "--dashboard-agent-grpc-port", str(ports["agent_grpc"]),
+        "--runtime-env-agent-port", str(ports["runtime_env"]),
+        "--node-manager-port", str(ports["node_manager"]),
+        "--object-manager-port", str(ports["object_manager"]),
+        "--temp-dir", str(root / "ray"),
+    ]  # fmt: skip
+    dashboard = f"http://127.0.0.1:{ports['dashboard']}"
+    t0 = time.monotonic()
+    before = {p.pid for p in psutil.Process().children()}
+    _set_child_subreaper(True)
+    try:
+        subprocess.run(cmd, env=env, check=True, timeout=180, capture_output=True, text=True)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if (
+                    httpx.get(f"{dashboard}/api/ray/version", headers=auth_headers(), timeout=5).status_code
+                    == 200
+                ):
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the dashboard did not come up"
+            time.sleep(1)
+        # Start Serve on a free port (an empty declarative config through the REST API).
+        ServeSubmissionClient(dashboard, headers=auth_headers()).deploy_applications(
+            {"http_options": {"host": "127.0.0.1", "port": ports["http"]}, "applications": []}
+        )
+        print(f"\ncluster up in {time.monotonic() - t0:.1f} s: dashboard {dashboard}, http {ports['http']}")
+        yield RayCluster(dashboard, ports["http"], root / "state")
+    finally:
+        # Every process of this cluster, engine processes included: no need to drain the apps first.
+        t1 = time.monotonic()
+        _stop(_cluster_processes(before, root))
+        _set_child_subreaper(False)
+        shutil.rmtree(root, ignore_errors=True)
+        print(f"cluster stopped in {time.monotonic() - t1:.1f} s")
+
+
+@dataclass
+class Traffic:
+    """Requests sent back to back from a background thread; every answer is counted."""
+
+    url: str
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Traffic:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=120)
+
+    def _run(self) -> None:
+        body = {"model": MODEL, "prompt": "the rollout goes on", "max_tokens": 8, "ignore_eos": True}
+        with httpx.Client(timeout=60) as client:
+            while not self._stop.is_set():
+                try:
+                    response = client.post(f"{self.url}/v1/completions", json=body)
+                    if response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 8:
+                        self.ok += 1
+                    else:
+                        self.failures.append(f"{response.status_code}: {response.text[:300]}")
+                except (httpx.HTTPError, ValueError, KeyError) as e:
+                    self.failures.append(f"{type(e).__name__}: {e}")
+                time.sleep(0.05)  # continuous, but leaves the 2-core box some CPU for the starting engine
+
+
+def _live(cluster: RayCluster) -> dict:
+    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+    return ServeSubmissionClient(cluster.dashboard, headers=auth_headers()).get_serve_details()[
+        "applications"
+    ]["rollout"]
+
+
+def _replica_ids(cluster: RayCluster) -> set[str]:
+    return {r["replica_id"] for r in _live(cluster)["deployments"]["LLMServer"]["replicas"]}
+
+
+def _overlay(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_rollout_update_under_traffic_and_automatic_rollback(ray_cluster: RayCluster, tmp_path: Path):
+    cluster = ray_cluster
+    times: dict[str, float] = {}
+
+    def run(files: list[Path], **kwargs):
+        return rollout(
+            config_files=files,
+            address=cluster.dashboard,
+            state=cluster.state_dir,
+            smoke=SMOKE,
+            ready_timeout_s=240,
+            poll_s=1,
+            **kwargs,
+        )
+
+    # A: a new application.
+    t = time.monotonic()
+    a = run(VERSION_A)
+    times["A"] = time.monotonic() - t
+    assert a.outcome == "succeeded", a.message
+    assert a.update.startswith("new application")
+    assert a.gate is not None and a.gate.passed and a.gate.numbers["ok"] > 0
+    assert httpx.get(f"{cluster.app_url}/v1/models", timeout=10).json()["data"][0]["id"] == MODEL
+    replicas_a = _replica_ids(cluster)
+
+    # B: an engine setting changes; the replica rolls over while requests keep coming.
+    files_b = [*VERSION_A, _overlay(tmp_path / "b.yaml", "engine: {max_num_seqs: 16}\n")]
+    t = time.monotonic()
+    with Traffic(cluster.app_url) as traffic_b:
+        time.sleep(2)
+        b = run(files_b)
+        time.sleep(2)
+    times["B"] = time.monotonic() - t
+    assert b.outcome == "succeeded", b.message
+    assert b.update.startswith("in-place update")
+    assert traffic_b.failures == [], (
+        f"{len(traffic_b.failures)} of {traffic_b.ok + len(traffic_b.failures)} failed"
+    )
+    assert traffic_b.ok >= 20
+    live = _live(cluster)
+    assert live["deployed_app_config"]["args"]["config"]["engine"]["max_num_seqs"] == 16
+    assert live["deployed_app_config"]["args"]["headroom"]["config_hash"] == b.config_hash != a.config_hash
+    assert _replica_ids(cluster).isdisjoint(replicas_a), "the engine change did not replace the replica"
+
+    # A bad input against the live cluster fails before anything is deployed.
+    with pytest.raises(ConfigError, match="unknown environment"):
+        rollout(env="nope", address=cluster.dashboard, state=cluster.state_dir)
+
+    # C: a dry run changes nothing; the real rollout fails its smoke gate and is rolled back to B.
+    files_c = [*files_b, _overlay(tmp_path / "c.yaml", "slo: {ttft_p95_ms: 0.001}\n")]
+    dry = run(files_c, dry_run=True)
+    assert dry.outcome == "dry_run" and dry.previous_hash == b.config_hash
+    assert _live(cluster)["deployed_app_config"]["args"]["headroom"]["config_hash"] == b.config_hash
+    t = time.monotonic()
+    with Traffic(cluster.app_url) as traffic_c:
+        c = run(files_c)
+        time.sleep(2)
+    times["C"] = time.monotonic() - t
+    assert c.outcome == "rolled_back", c.message
+    assert c.gate is not None and not c.gate.passed
+    assert any("TTFT p95" in reason for reason in c.gate.reasons)
+    assert traffic_c.failures == [], (
+        f"{len(traffic_c.failures)} of {traffic_c.ok + len(traffic_c.failures)} failed"
+    )
+    live = _live(cluster)
+    assert live["status"] == "RUNNING"
+    assert live["deployed_app_config"]["args"]["headroom"]["config_hash"] == b.config_hash
+    answer = httpx.post(
+        f"{cluster.app_url}/v1/completions",
+        json={"model": MODEL, "prompt": "still here", "max_tokens": 4},
+        timeout=60,
+    )
+    assert answer.status_code == 200
+
+    # History: every rendered config kept, outcomes and numbers recorded; status reports both.
+    history = read_history(cluster.state_dir, "rollout")
+    assert [h["outcome"] for h in history] == ["succeeded", "succeeded", "rolled_back"]
+    assert all(Path(h["rendered"]).is_file() for h in history)
+    assert history[2]["previous_rendered"] == history[1]["rendered"]
+    assert history[2]["smoke"]["ttft_p95_ms"] > 0.001
+    st = status(cluster.dashboard, cluster.state_dir)
+    (app,) = [x for x in st["applications"] if x["name"] == "rollout"]
+    assert app["config_hash"] == b.config_hash and app["status"] == "RUNNING"
+    assert st["last_rollouts"]["rollout"]["outcome"] == "rolled_back"
+
+    print(
+        f"\nA {times['A']:.0f} s ({a.timings_s})\nB {times['B']:.0f} s ({b.timings_s}; {traffic_b.ok} "
+        f"requests during the update, 0 failed)\nC {times['C']:.0f} s ({c.timings_s}; {traffic_c.ok} "
+        "requests, 0 failed)"
+    )
