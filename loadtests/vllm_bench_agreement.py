@@ -47,7 +47,8 @@ def run_vllm_bench(url: str, model: str, tokenizer: str, args: argparse.Namespac
             "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
             "--max-concurrency", str(args.concurrency), "--ignore-eos", "--seed", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
-            "--save-result", "--result-dir", str(out), "--result-filename", "vllm_bench_serve.json",
+            "--save-result", "--save-detailed", "--result-dir", str(out),
+            "--result-filename", "vllm_bench_serve.json",
         ]
     )  # fmt: skip
     main(bench_args)
