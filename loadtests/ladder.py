@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import raw_stats
+from loadtests.processes import serve_replicas
 from loadtests.streaming_client import run_load
 from loadtests.workloads import parse_steps
 from serve_app.config import HeadroomConfig, deep_merge, parse_config
@@ -231,14 +232,7 @@ def _nvidia_smi(query: str, fmt: str) -> str:
 
 
 def replica_processes(app_name: str) -> list[Any]:
-    import psutil
-
-    procs = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = (p.info["cmdline"] or [""])[0]
-        if cmd.startswith(f"ray::ServeReplica:{app_name}:"):
-            procs += [p, *p.children(recursive=True)]
-    return procs
+    return [proc for r in serve_replicas(app_name) for proc in (r, *r.children(recursive=True))]
 
 
 def run_locust(
