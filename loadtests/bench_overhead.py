@@ -5,6 +5,9 @@ replicas use). Rounds alternate which one goes first at each concurrency, so the
 both; the same deterministic requests go to each. Writes JSON and a Markdown table.
 
     python -m loadtests.bench_overhead --env local --out results/bench_overhead   (or: make bench-overhead)
+
+On a machine with two GPUs (loadtests/gpu/run.sh) each server gets its own: `--bare-gpu 0 --serve-gpu 1`.
+The memory vLLM logged for both engines is compared with the planner's prediction.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -22,11 +26,13 @@ from pathlib import Path
 import httpx
 import psutil
 
+from loadtests import engine_logs
 from loadtests.processes import serve_replicas
 from loadtests.streaming_client import RequestResult, percentile, run_load
-from serve_app.config import load_env_config
-from serve_app.engine_args import vllm_cli_args
+from serve_app.config import load_config_files, load_env_config
+from serve_app.engine_args import PlannedEngine, vllm_cli_args
 from serve_app.model_files import resolve_models
+from serve_app.planning import cluster_spec, plan_config
 from serve_app.serve_options import SERVE_CLUSTER_ENV, apply_cluster_env
 
 TARGETS = ("vllm", "headroom")
@@ -78,6 +84,24 @@ def pooled(results: list[RequestResult], duration_s: float, cpu_s: dict[str, flo
     }
 
 
+def machine_description() -> str:
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    out = ""
+    if shutil.which(query[0]):
+        out = subprocess.run(query, capture_output=True, text=True, check=False).stdout
+    gpus = [g for g in out.splitlines() if g.strip()]
+    where = f"{len(gpus)} x {gpus[0]}" if gpus else "vLLM CPU backend"
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} ({where})"
+
+
+def memory_check(cfg, plan, bare_log: Path, placement: str) -> list[dict]:
+    """Each engine's logged KV tokens and weights against the plan (the same plan for both servers)."""
+    predicted = {"kv_cache_tokens": plan.kv_cache_tokens_per_replica, "weights_gib": plan.weights_gib_per_gpu}
+    logged = engine_logs.parse(engine_logs.read_files([bare_log]), "vllm serve")
+    logged += engine_logs.parse(engine_logs.ray_session_logs(), "headroom replica")
+    return [{"config": placement, **engine_logs.compare(predicted, e)} for e in logged]
+
+
 def markdown(report: dict) -> str:
     lines = [
         "# headroom vs bare vLLM: serving overhead",
@@ -115,32 +139,55 @@ def markdown(report: dict) -> str:
         "",
         "Targets: " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in report["targets"].items()),
     ]
+    if report.get("startup_s"):
+        started = ", ".join(f"{k} {v:.0f}" for k, v in report["startup_s"].items())
+        lines += ["", f"Seconds from launch to serving: {started}."]
+    if report.get("memory"):
+        lines += [
+            "",
+            "| engine | KV tokens predicted | KV tokens logged | error | weights GiB predicted / logged |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for m in report["memory"]:
+            lines.append(
+                f"| {m['source']} | {m['predicted_kv_cache_tokens']:,} | {m['kv_cache_tokens']:,} | "
+                f"{m['kv_error']:+.2%} | {m['predicted_weights_gib']:.2f} / {m['weights_gib']} |"
+            )
     lines += ["", f"Command: `{report['command']}`", ""]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="local")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--env", default="local")
+    source.add_argument("--config", nargs="+", help="config file(s) instead of an environment")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--requests-per-worker", type=int, default=4)
+    parser.add_argument("--bare-gpu", help="CUDA_VISIBLE_DEVICES for bare vLLM (default: inherited)")
+    parser.add_argument("--serve-gpu", help="CUDA_VISIBLE_DEVICES for headroom's Ray cluster")
     parser.add_argument("--out", type=Path, default=Path("results/bench_overhead"))
     args = parser.parse_args()
 
-    import ray
-    import vllm
-    from ray import serve
-
-    from serve_app.app import build_from_config
-
-    cfg = load_env_config(args.env)
-    flags = vllm_cli_args(cfg, resolve_models(cfg))
+    cfg = load_config_files(*args.config) if args.config else load_env_config(args.env)
+    models = resolve_models(cfg)
+    # Both servers get the engine flags a headroom replica gets on one GPU (the plan may lower max_num_seqs).
+    cluster = cluster_spec(cfg, gpus_per_node=1)
+    plan = plan_config(cfg, cluster, models.model_path, models.draft_path)
+    flags = vllm_cli_args(cfg, models, PlannedEngine(plan.tensor_parallel_size, plan.max_num_seqs))
     vllm_port, serve_port = 8310, 8311
     urls = {"vllm": f"http://127.0.0.1:{vllm_port}", "headroom": f"http://127.0.0.1:{serve_port}"}
     args.out.mkdir(parents=True, exist_ok=True)
-    bare_log = open(args.out / "vllm_serve.log", "w")  # noqa: SIM115 (lives as long as the server)
+    bare_env = dict(os.environ)
+    if args.bare_gpu is not None:
+        bare_env["CUDA_VISIBLE_DEVICES"] = args.bare_gpu
+    if args.serve_gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.serve_gpu  # the Ray cluster started below sees this GPU
+    bare_log_path = args.out / "vllm_serve.log"
+    bare_log = open(bare_log_path, "w")  # noqa: SIM115 (lives as long as the server)
+    started = time.monotonic()
     bare = subprocess.Popen(
         [
             sys.executable,
@@ -154,13 +201,27 @@ def main() -> None:
         ],
         stdout=bare_log,
         stderr=subprocess.STDOUT,
+        env=bare_env,
     )
+
+    import ray
+    import vllm
+    from ray import serve
+
+    from serve_app.app import build_from_config
+
+    startup: dict[str, float] = {}
     try:
         apply_cluster_env(os.environ)
-        ray.init(num_cpus=8, logging_level="WARNING")
+        # Replica logs stay in Ray's files: forwarding them would load this process, the load generator.
+        num_cpus = None if args.serve_gpu is not None else 8
+        ray.init(num_cpus=num_cpus, logging_level="WARNING", log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
-        serve.run(build_from_config(cfg), name=cfg.name, route_prefix="/")
+        serve.run(build_from_config(cfg, cluster), name=cfg.name, route_prefix="/")
+        startup["headroom"] = time.monotonic() - started
         wait_ready(urls["vllm"])
+        startup["vllm"] = time.monotonic() - started  # an upper bound when headroom took longer
+        print(f"ready: {startup}", flush=True)
         model = cfg.served_model_name
         for target in TARGETS:  # warm-up, not measured
             asyncio.run(run_load(urls[target], model, 4, 8, args.max_tokens))
@@ -199,6 +260,7 @@ def main() -> None:
                 - v["frontend_cpu_us_per_token"],
             }
             rows.append(row)
+        memory = memory_check(cfg, plan, bare_log_path, "TP=1") if cfg.resources.accelerator == "gpu" else []
     finally:
         bare.terminate()
         bare.wait(timeout=60)
@@ -208,10 +270,12 @@ def main() -> None:
     by_c = {row["concurrency"]: row["comparison"] for row in rows}
     lowest, highest = min(by_c), max(by_c)
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} (vLLM CPU backend)",
+        "machine": machine_description(),
         "versions": {"vllm": vllm.__version__, "ray": ray.__version__, "python": platform.python_version()},
         "model": cfg.served_model_name,
         "engine_flags": flags,
+        "startup_s": startup,
+        "memory": memory,
         "serve_env": {k: os.environ[k] for k in SERVE_CLUSTER_ENV},
         "max_tokens": args.max_tokens,
         "rounds": args.rounds,

@@ -189,8 +189,8 @@ def recommend(runs: Sequence[dict[str, Any]], ttft_slo_ms: float) -> dict[str, A
 
 @dataclass
 class MemorySampler:
-    """Peak memory of the serving processes while a step runs: GPU memory (nvidia-smi) when there is a
-    GPU, else the resident set of the processes `procs()` returns (the replica and its engine)."""
+    """Peak memory of the serving processes while a step runs: the GPU memory nvidia-smi attributes to the
+    processes `procs()` returns (the replica and its engine) when there is a GPU, else their resident set."""
 
     procs: Callable[[], list[Any]]
     interval_s: float = 0.5
@@ -198,11 +198,16 @@ class MemorySampler:
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def _sample(self) -> int:
+        procs = self.procs()
         if _has_gpu():
-            used_mib = _nvidia_smi("memory.used", "csv,noheader,nounits").split()
-            return sum(int(v) for v in used_mib if v.isdigit()) * 1024**2
+            # Per process, so that another deployment on the node's other GPUs is not counted.
+            pids = {p.pid for p in procs}
+            query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+            rows = subprocess.run(query, capture_output=True, text=True, check=False).stdout.splitlines()
+            used = [row.split(",") for row in rows if row.count(",") == 1]
+            return sum(int(mib) for pid, mib in used if int(pid) in pids and mib.strip().isdigit()) * 1024**2
         total = 0
-        for p in self.procs():
+        for p in procs:
             with contextlib.suppress(Exception):  # a process that ended between listing and reading
                 total += p.memory_info().rss
         return total
@@ -298,8 +303,13 @@ def run_ladder(
     seed: int = 0,
     url: str | None = None,
     progress: Callable[[str], None] = print,
+    app_name: str = "ladder",
+    http_port: int | None = None,
 ) -> dict[str, Any]:
-    """Runs the whole procedure and writes report.md, results.json, the plots and the raw files to `out`."""
+    """Runs the whole procedure and writes report.md, results.json, the plots and the raw files to `out`.
+
+    Several ladders can share a cluster (one GPU each) under different `app_name`s and one `http_port`.
+    """
     out.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     if url is not None:
@@ -315,25 +325,25 @@ def run_ladder(
         apply_cluster_env(os.environ)
         if not ray.is_initialized():
             ray.init(address=os.environ.get("RAY_ADDRESS"), logging_level="ERROR", log_to_driver=False)
-        http_port = 8000 + (os.getpid() % 1000)
+        http_port = http_port or 8000 + (os.getpid() % 1000)
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     for index, setting in enumerate(settings):
         raw = out / f"raw_{index}_{setting.name.strip('+').replace(' ', '_')}.jsonl"
         raw.unlink(missing_ok=True)
         if url is None:
-            app_cfg = apply(cfg, setting, name="ladder")
+            app_cfg = apply(cfg, setting, name=app_name)
             progress(f"[{index + 1}/{len(settings)}] {setting.name}: deploying a fresh engine")
-            serve.run(build_from_config(app_cfg), name="ladder", route_prefix="/")
-            target = f"http://127.0.0.1:{http_port}"
+            serve.run(build_from_config(app_cfg), name=app_name, route_prefix=f"/{app_name}")
+            target = f"http://127.0.0.1:{http_port}/{app_name}"
         else:
             app_cfg, target = cfg, url
         # A fresh engine's first requests pay one-time costs; they are not part of any step.
         asyncio.run(run_load(target, cfg.served_model_name, 4, 8, max_tokens))
         progress(f"[{index + 1}/{len(settings)}] {setting.name}: ladder {ladder}")
-        with MemorySampler(lambda: replica_processes("ladder")) as memory:
+        with MemorySampler(lambda: replica_processes(app_name)) as memory:
             run_locust(target, cfg.served_model_name, profile, ladder, max_tokens, raw, seed)
         if url is None:
-            serve.delete("ladder")
+            serve.delete(app_name)
         steps = step_rows(raw, ladder)
         records = [r for r in raw_stats.load_records(raw) if raw_stats.is_success(r)]
         tokens_per_request = round(
@@ -354,22 +364,24 @@ def run_ladder(
         )
         progress(f"    production concurrency {runs[-1]['production_concurrency']}, peak memory "
                  f"{runs[-1]['peak_memory_gib']:.2f} GiB")  # fmt: skip
-    report = {
-        "machine": machine(),
-        "versions": versions(),
-        "model": cfg.served_model_name,
-        "profile": profile,
-        "ladder": ladder,
-        "max_tokens": max_tokens,
-        "seed": seed,
-        "ttft_slo_ms": ttft_slo_ms,
-        "runs": runs,
-        "recommendation": recommend(runs, ttft_slo_ms),
-        "command": " ".join(["headroom", "ladder", *sys.argv[2:]]),
-    }
-    (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
-    plot(report, out)
-    (out / "report.md").write_text(markdown(report))
+        # Written after every setting: a run cut short still leaves the settings it measured.
+        report = {
+            "machine": machine(),
+            "versions": versions(),
+            "model": cfg.served_model_name,
+            "profile": profile,
+            "ladder": ladder,
+            "max_tokens": max_tokens,
+            "seed": seed,
+            "ttft_slo_ms": ttft_slo_ms,
+            "runs": runs,
+            "settings_planned": [s.name for s in settings],
+            "recommendation": recommend(runs, ttft_slo_ms),
+            "command": " ".join(["headroom", "ladder", *sys.argv[2:]]),
+        }
+        (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
+        plot(report, out)
+        (out / "report.md").write_text(markdown(report))
     return report
 
 

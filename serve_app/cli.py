@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import time
@@ -13,7 +14,15 @@ import typer
 from rich.console import Console
 
 from serve_app.cli_rollout import register as register_rollout_commands
-from serve_app.config import ConfigError, HeadroomConfig, available_envs, load_config_files, load_env_config
+from serve_app.config import (
+    APP_NAME_HINT,
+    APP_NAME_PATTERN,
+    ConfigError,
+    HeadroomConfig,
+    available_envs,
+    load_config_files,
+    load_env_config,
+)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Deploy vLLM on Ray Serve, within budget.")
 model_app = typer.Typer(no_args_is_help=True, help="The embedded models headroom generates itself.")
@@ -178,6 +187,16 @@ def ladder(
         typer.Option(help="Measure a running server as deployed instead of deploying each setting."),
     ] = None,
     out: Annotated[Path, typer.Option(help="Report folder.")] = Path("results/ladder"),
+    app_name: Annotated[
+        str,
+        typer.Option(
+            help="Serve application (and route prefix) the settings are deployed as; ladders that share a "
+            "cluster need different names.",
+        ),
+    ] = "ladder",
+    http_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="Serve's HTTP port; default one per process.")
+    ] = None,
 ) -> None:
     """The seeds' tuning procedure: a fixed workload and concurrency ladder, the baseline, then prefix
     caching, chunked prefill and speculative decoding switched on one at a time; writes a report."""
@@ -190,6 +209,8 @@ def ladder(
         parse_steps(steps)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--steps") from None
+    if not re.fullmatch(APP_NAME_PATTERN, app_name):
+        raise typer.BadParameter(f"{app_name!r}: {APP_NAME_HINT}", param_hint="--app-name")
     try:
         cfg = _load(env, config_files)
     except ConfigError as e:
@@ -204,6 +225,8 @@ def ladder(
         seed,
         url,
         progress=err.print,
+        app_name=app_name,
+        http_port=http_port,
     )
     rec = report["recommendation"]
     out_console = Console()

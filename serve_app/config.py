@@ -130,9 +130,13 @@ _SECTION_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 _SERVED_NAME_PATTERN = r"^[A-Za-z0-9._/:-]{1,128}$"
 _APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+APP_NAME_PATTERN, APP_NAME_HINT = (
+    _APP_NAME_PATTERN,
+    ("1 to 63 characters from lowercase letters, digits and '-', not starting with '-'"),
+)
 _PATTERN_HINTS = {
     _SERVED_NAME_PATTERN: "1 to 128 characters from letters, digits and . _ / : -",
-    _APP_NAME_PATTERN: "1 to 63 characters from lowercase letters, digits and '-', not starting with '-'",
+    _APP_NAME_PATTERN: APP_NAME_HINT,
 }
 
 
@@ -369,6 +373,15 @@ class EngineSection(BaseModel):
         description=(
             "GPUs each replica's model is sharded across (1, 2, 4 or 8). null lets the planner pick the "
             "smallest size whose weights and KV cache fit. Must be 1 or null on the CPU accelerator."
+        ),
+    )
+    allreduce_rms_fusion: bool = Field(
+        default=False,
+        description=(
+            "vLLM's fused all-reduce + RMSNorm pass (flashinfer) for tensor_parallel_size > 1. Off by "
+            "default: on H200 pairs without NVLink multicast vLLM 0.26 picks flashinfer's mnnvl backend "
+            "for it and crashes in its first forward (tests/data/memory_points/tp2_attempts.md). Turn it "
+            "on where multicast is available and a TP=2 engine starts with it."
         ),
     )
     cpu_kv_cache_space_gib: float | None = Field(

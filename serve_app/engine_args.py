@@ -83,6 +83,8 @@ def vllm_cli_args(
             # Inside a Serve replica the TP ranks must be Ray actors in the replica's placement group:
             # multiprocessing workers would only see the replica's own (GPU-less) bundle.
             args += ["--distributed-executor-backend", "ray"]
+            if not e.allreduce_rms_fusion:
+                args += ["--compilation-config", json.dumps({"pass_config": {"fuse_allreduce_rms": False}})]
     spec = speculative_config(cfg, models.draft_path)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, sort_keys=True)]

@@ -11,8 +11,10 @@ import json
 import re
 from pathlib import Path
 
+from serve_app import catalogue
 from serve_app.config import ConfigError, HeadroomConfig
 from serve_app.engine_args import ResolvedModels
+from serve_app.shape_model import ensure_shape_model
 from serve_app.tiny_model import ensure_embedded_model, is_embedded
 
 # Methods whose draft is a separate model with its own tokenizer; EAGLE-style heads read the target's
@@ -20,8 +22,9 @@ from serve_app.tiny_model import ensure_embedded_model, is_embedded
 DRAFT_MODEL_METHODS = {"draft_model"}
 
 
-def resolve_source(source: str, field: str) -> Path:
-    """A local model directory for `source`, generating embedded models on first use."""
+def resolve_source(source: str, field: str, dummy_weights: bool = False) -> Path:
+    """A local model directory for `source`: an embedded model (generated on first use), a local checkpoint,
+    or, with dummy weights, a catalogue model's shape (config.json and a tokenizer, generated)."""
     if is_embedded(source):
         try:
             return ensure_embedded_model(source)
@@ -30,12 +33,23 @@ def resolve_source(source: str, field: str) -> Path:
     path = Path(source).expanduser()
     if (path / "config.json").is_file():
         return path.resolve()
+    try:
+        catalogue.get(source)
+    except catalogue.CatalogueKeyError as err:
+        problem = (
+            f"{source!r} is neither a local model directory (no config.json there) nor a catalogue name; "
+            f"headroom never downloads weights. {err}"
+        )
+        raise ConfigError([(field, problem)]) from None
+    if dummy_weights:
+        return ensure_shape_model(source)
     raise ConfigError(
         [
             (
                 field,
-                f"{source!r} is not a model directory (no config.json there). headroom never downloads "
-                "weights: give a local directory, or an embedded model such as 'embedded:tiny-qwen3'",
+                f"{source!r} is a catalogue name, and headroom never downloads weights: set "
+                "model.dummy_weights: true to serve its shape with random weights (memory, latency and "
+                "throughput are real, the text is not), or give the local directory of its checkpoint",
             )
         ]
     )
@@ -89,10 +103,12 @@ def check_draft_compatible(target_dir: Path, draft_dir: Path, method: str) -> No
 
 def resolve_models(cfg: HeadroomConfig) -> ResolvedModels:
     """Local paths for the config's model and draft, checked for compatibility."""
-    model_path = resolve_source(cfg.model.source, "model.source")
+    dummy = cfg.model.dummy_weights
+    model_path = resolve_source(cfg.model.source, "model.source", dummy)
     spec = cfg.engine.speculative
     draft_path = None
     if spec is not None and spec.draft_model:
-        draft_path = resolve_source(spec.draft_model, "engine.speculative.draft_model")
+        # vLLM's load_format applies to the draft as well: with dummy weights both are random.
+        draft_path = resolve_source(spec.draft_model, "engine.speculative.draft_model", dummy)
         check_draft_compatible(model_path, draft_path, spec.method)
     return ResolvedModels(str(model_path), str(draft_path) if draft_path else None)

@@ -98,3 +98,17 @@ def test_plan_flag_out_of_range_names_the_flag():
     result = runner.invoke(app, ["plan", "configs/prod.yaml", "--gpus", "0"])
     assert result.exit_code == 2
     assert "--gpus" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "hint"),
+    [
+        (["--app-name", "Bad_Name"], "--app-name"),
+        (["--steps", "4:x"], "--steps"),
+        (["--profile", "poetry"], "--profile"),
+    ],
+)
+def test_ladder_refuses_bad_flags_before_deploying(flags, hint):
+    result = runner.invoke(app, ["ladder", "--env", "local", *flags])
+    assert result.exit_code == 2
+    assert hint in result.output

@@ -86,8 +86,15 @@ def test_gpu_flags_and_tensor_parallel():
     # TP ranks must be Ray actors in the replica's placement group.
     assert flag(args, "--distributed-executor-backend") == "ray"
     assert "--kv-cache-memory-bytes" not in args
+    # The fusion pass that crashed TP=2 on the lab's H200 pair is off unless the config turns it on.
+    assert json.loads(flag(args, "--compilation-config")) == {"pass_config": {"fuse_allreduce_rms": False}}
+    fused = config(
+        resources={"accelerator": "gpu", "gpu_type": "H200"}, engine={"allreduce_rms_fusion": True}
+    )
+    assert "--compilation-config" not in vllm_cli_args(fused, MODELS, PlannedEngine(2, 64))
     single = vllm_cli_args(cfg, MODELS)
     assert "--distributed-executor-backend" not in single and flag(single, "--tensor-parallel-size") == "1"
+    assert "--compilation-config" not in single
 
 
 def gpu_config(model: str, **deployment):

@@ -109,3 +109,51 @@ def test_resolve_models_checks_the_draft(home, monkeypatch, tmp_path, target, dr
     spec["draft_model"] = "embedded:tiny-qwen3-draft"
     models = resolve_models(parse_config(deep_merge(base, {"engine": {"speculative": spec}})))
     assert models.draft_path == str(draft)
+
+
+def test_catalogue_name_without_dummy_weights_says_how_to_serve_it(home, monkeypatch):
+    monkeypatch.setenv("HEADROOM_HOME", str(home))
+    with pytest.raises(ConfigError) as err:
+        resolve_source("Qwen/Qwen3-8B", "model.source")
+    assert err.value.problems[0][0] == "model.source"
+    assert "model.dummy_weights: true" in str(err.value)
+    assert not (home / "shapes").exists()  # nothing written for a refused config
+
+
+def test_unknown_name_lists_the_catalogue(home, monkeypatch):
+    monkeypatch.setenv("HEADROOM_HOME", str(home))
+    with pytest.raises(ConfigError, match="Qwen/Qwen3-8B") as err:
+        resolve_source("Qwen/Qwen3-9B", "model.source", dummy_weights=True)
+    assert "Did you mean" in str(err.value)
+
+
+def test_dummy_weights_serve_a_catalogue_shape_with_a_tokenizer_covering_its_vocabulary(home, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from serve_app import catalogue
+
+    monkeypatch.setenv("HEADROOM_HOME", str(home))
+    path = resolve_source("qwen/qwen3-0.6b", "model.source", dummy_weights=True)
+    published = catalogue.get("Qwen/Qwen3-0.6B")
+    written = json.loads((path / "config.json").read_text())
+    for key in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim", "vocab_size"):
+        assert written[key] == published[key]
+    tok = AutoTokenizer.from_pretrained(str(path))
+    assert len(tok) == published["vocab_size"] == 151936
+    # Random weights sample any id: each one must decode to text, or streamed tokens would go missing.
+    ids = list(range(0, published["vocab_size"], 97)) + [published["vocab_size"] - 1]
+    assert all(tok.decode([i]) for i in ids)
+    text = "SELECT name FROM users WHERE id > 3;"
+    assert tok.decode(tok(text)["input_ids"]) == text
+    assert resolve_source("Qwen/Qwen3-0.6B", "model.source", dummy_weights=True) == path  # cached
+
+
+def test_padded_tokens_decode_to_whole_characters(home, monkeypatch):
+    """A token that is half a UTF-8 character would be held back by vLLM's streaming detokenizer."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("HEADROOM_HOME", str(home))
+    tok = AutoTokenizer.from_pretrained(str(resolve_source("Qwen/Qwen3-0.6B", "model.source", True)))
+    for i in range(4096, 151936, 1009):
+        text = tok.decode([i])
+        assert text and "\ufffd" not in text and text.isascii()

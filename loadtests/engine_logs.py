@@ -1,0 +1,115 @@
+"""What vLLM logged about its memory, read from engine logs, next to what the planner predicted.
+
+vLLM logs the weights each worker loaded ("Model loading took 15.27 GiB") and the KV cache it sized from
+what was left ("GPU KV cache size: 794,704 tokens"). A bare `vllm serve` writes both into its own log; a
+headroom replica's engine writes into the replica's Ray worker log, and with tensor parallelism the
+weights line comes from each rank's Ray worker. Each KV line is paired with the weights lines logged since
+the previous KV line of the same source (engines of one source start one after another).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+_STAMP = r"(\d\d-\d\d \d\d:\d\d:\d\d)"
+_WEIGHTS = re.compile(_STAMP + r".*Model loading took ([\d.]+) GiB")
+_KV = re.compile(_STAMP + r".*KV cache size: ([\d,]+) tokens")
+_KV_GIB = re.compile(_STAMP + r".*Available KV cache memory: ([\d.]+) GiB")
+_PROFILE = re.compile(_STAMP + r".*Total non KV cache memory: ([\d.]+)GiB; torch peak memory increase: "
+                      r"([\d.]+)GiB; non-torch forward increase memory: ([\d.]+)GiB")  # fmt: skip
+_PATTERNS = (("weights", _WEIGHTS), ("kv", _KV), ("kv_gib", _KV_GIB), ("profile", _PROFILE))
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """One engine's memory as vLLM logged it."""
+
+    source: str
+    kv_cache_tokens: int
+    weights_gib: float | None
+    kv_cache_gib: float | None
+    activation_peak_gib: float | None
+    logged_at: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _stamp(text: str) -> datetime:
+    return datetime.strptime(text, "%m-%d %H:%M:%S")
+
+
+def parse(lines_by_file: dict[str, Iterable[str]], source: str) -> list[EngineMemory]:
+    """The engines logged in these files (one server's log, or one Ray session's logs), in time order."""
+    events: list[tuple[datetime, str, tuple[str, ...]]] = []
+    for lines in lines_by_file.values():
+        for line in lines:
+            for kind, pattern in _PATTERNS:
+                m = pattern.search(line)
+                if m:
+                    events.append((_stamp(m.group(1)), kind, m.groups()[1:]))
+    events.sort(key=lambda e: (e[0], e[1] != "weights"))
+    engines: list[EngineMemory] = []
+    weights: list[float] = []
+    kv_gib = peak = None
+    for at, kind, values in events:
+        if kind == "weights":
+            weights.append(float(values[0]))
+        elif kind == "kv_gib":
+            kv_gib = float(values[0])
+        elif kind == "profile":
+            peak = float(values[1])
+        else:
+            engines.append(
+                EngineMemory(
+                    source=source,
+                    kv_cache_tokens=int(values[0].replace(",", "")),
+                    # Every TP rank loads an equal shard: any one is the per-GPU value.
+                    weights_gib=max(weights) if weights else None,
+                    kv_cache_gib=kv_gib,
+                    activation_peak_gib=peak,
+                    logged_at=at.strftime("%m-%d %H:%M:%S"),
+                )
+            )
+            weights, kv_gib, peak = [], None, None
+    return engines
+
+
+def read_files(paths: Iterable[Path]) -> dict[str, list[str]]:
+    out = {}
+    for path in paths:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if "KV cache size" in text or "Model loading took" in text:
+            out[str(path)] = text.splitlines()
+    return out
+
+
+def ray_session_logs(session_dir: Path = Path("/tmp/ray/session_latest")) -> dict[str, list[str]]:
+    """The worker logs of a Ray session (replicas, their engines, TP workers)."""
+    return read_files(sorted((session_dir / "logs").glob("worker-*")))
+
+
+def compare(predicted: dict[str, float], logged: EngineMemory) -> dict[str, Any]:
+    """Predicted vs logged KV tokens (target within 2%) and weights per GPU (within 1%)."""
+    kv_error = predicted["kv_cache_tokens"] / logged.kv_cache_tokens - 1
+    row: dict[str, Any] = {
+        **logged.as_dict(),
+        "predicted_kv_cache_tokens": predicted["kv_cache_tokens"],
+        "kv_error": kv_error,
+        "kv_within_2pct": abs(kv_error) <= 0.02,
+        "predicted_weights_gib": predicted["weights_gib"],
+    }
+    if logged.weights_gib is not None:
+        # vLLM rounds the logged GiB to two decimals; an error below that rounding is no error.
+        diff = abs(predicted["weights_gib"] - logged.weights_gib)
+        row["weights_error"] = (predicted["weights_gib"] / logged.weights_gib - 1) if diff > 0.005 else 0.0
+        row["weights_within_1pct"] = abs(row["weights_error"]) <= 0.01
+    return row

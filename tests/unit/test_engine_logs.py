@@ -1,0 +1,45 @@
+"""Reading vLLM's memory lines out of engine logs, and comparing them with the planner."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+from loadtests import engine_logs
+
+LOGS = Path(__file__).resolve().parents[1] / "data" / "memory_points" / "logs"
+
+
+def lines(name: str) -> list[str]:
+    return gzip.open(LOGS / name, "rt", errors="replace").read().splitlines()
+
+
+def test_single_gpu_engine_log():
+    [engine] = engine_logs.parse({"a": lines("q8b_fp8kv_t2048.log.gz")}, "vllm serve")
+    assert engine.kv_cache_tokens == 1_589_408
+    assert engine.weights_gib == 15.27 and engine.kv_cache_gib == 109.14
+    assert engine.activation_peak_gib == 1.19
+
+
+def test_tensor_parallel_ranks_log_their_shards():
+    [engine] = engine_logs.parse({"a": lines("q8b_tp2_nofuse.log.gz")}, "replica")
+    assert engine.kv_cache_tokens == 1_710_640 and engine.weights_gib == 7.64
+
+
+def test_engines_of_one_source_are_told_apart_by_time():
+    """A Ray session holds one log per replica; each KV line takes the weights logged since the last one."""
+    first = ["(EngineCore pid=1) INFO 11-30 00:01:00 [m.py:1] Model loading took 15.27 GiB and 3 seconds",
+             "(EngineCore pid=1) INFO 11-30 00:01:50 [k.py:1] GPU KV cache size: 794,704 tokens"]  # fmt: skip
+    second = ["(Worker_TP0 pid=7) INFO 11-30 00:05:00 [m.py:1] Model loading took 7.64 GiB and 2 seconds",
+              "(EngineCore pid=6) INFO 11-30 00:05:40 [k:1] GPU KV cache size: 1,710,640 tokens"]  # fmt: skip
+    engines = engine_logs.parse({"replica-b": second, "replica-a": first}, "ray")
+    assert [(e.kv_cache_tokens, e.weights_gib) for e in engines] == [(794_704, 15.27), (1_710_640, 7.64)]
+
+
+def test_compare_reports_errors_and_the_targets():
+    logged = engine_logs.EngineMemory("x", 794_704, 15.27, 109.14, 1.19, "11-30 00:00:00")
+    row = engine_logs.compare({"kv_cache_tokens": 794_064, "weights_gib": 15.266}, logged)
+    assert row["kv_within_2pct"] and abs(row["kv_error"] + 0.0008) < 1e-4
+    assert row["weights_error"] == 0.0 and row["weights_within_1pct"]  # within vLLM's 0.01 GiB rounding
+    off = engine_logs.compare({"kv_cache_tokens": 700_000, "weights_gib": 16.0}, logged)
+    assert not off["kv_within_2pct"] and not off["weights_within_1pct"]
