@@ -48,7 +48,7 @@ case "$phase" in
       RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper=true ray start --head --num-gpus 2 >/dev/null
     python3 -c "import ray; from ray import serve; ray.init(address='auto'); serve.start(http_options={'host': '127.0.0.1', 'port': 8000})"
     for profile in shared-prefix structured; do
-      RAY_ADDRESS=auto python3 -m serve_app.cli ladder "${config[@]}" --profile "$profile" \
+      RAY_ADDRESS=auto timeout "${LADDER_TIMEOUT_S:-540}" python3 -m serve_app.cli ladder "${config[@]}" --profile "$profile" \
         --steps "${LADDER_STEPS:-1:10,16:10,64:10}" --max-tokens 128 --app-name "ladder-$profile" \
         --http-port 8000 --out "$work/$profile" > "$work/$profile.log" 2>&1 &
     done
