@@ -4,14 +4,14 @@ vLLM logs the weights each worker loaded ("Model loading took 15.27 GiB") and th
 what was left ("GPU KV cache size: 794,704 tokens"). A bare `vllm serve` writes both into its own log; a
 headroom replica's engine writes into the replica's Ray worker log, and with tensor parallelism the
 weights line comes from each rank's Ray worker. Each KV line is paired with the weights lines logged since
-the previous KV line of the same source (engines of one source start one after another).
+the previous KV line of the same log file.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,29 +44,42 @@ def _stamp(text: str) -> datetime:
     return datetime.strptime(text, "%m-%d %H:%M:%S")
 
 
+def _events(lines: Iterable[str]) -> list[tuple[datetime, str, tuple[str, ...]]]:
+    events = []
+    for line in lines:
+        for kind, pattern in _PATTERNS:
+            m = pattern.search(line)
+            if m:
+                events.append((_stamp(m.group(1)), kind, m.groups()[1:]))
+    return sorted(events, key=lambda e: (e[0], e[1] != "weights"))
+
+
 def parse(lines_by_file: dict[str, Iterable[str]], source: str) -> list[EngineMemory]:
-    """The engines logged in these files (one server's log, or one Ray session's logs), in time order."""
-    events: list[tuple[datetime, str, tuple[str, ...]]] = []
+    """The engines logged in these files (one server's log, or one Ray session's logs), in time order.
+
+    A file that logs a KV size is one engine process (a replica with its engine core), so its KV lines
+    take the weights logged before them in the same file: engines that start at once on other GPUs do not
+    mix. Tensor-parallel ranks that run as their own Ray workers log the weights in files of their own;
+    an engine whose file has no weights line takes the latest such line logged before its KV line.
+    """
+    engines: list[tuple[datetime, EngineMemory]] = []
+    rank_weights: list[tuple[datetime, float]] = []
     for lines in lines_by_file.values():
-        for line in lines:
-            for kind, pattern in _PATTERNS:
-                m = pattern.search(line)
-                if m:
-                    events.append((_stamp(m.group(1)), kind, m.groups()[1:]))
-    events.sort(key=lambda e: (e[0], e[1] != "weights"))
-    engines: list[EngineMemory] = []
-    weights: list[float] = []
-    kv_gib = peak = None
-    for at, kind, values in events:
-        if kind == "weights":
-            weights.append(float(values[0]))
-        elif kind == "kv_gib":
-            kv_gib = float(values[0])
-        elif kind == "profile":
-            peak = float(values[1])
-        else:
-            engines.append(
-                EngineMemory(
+        events = _events(lines)
+        if not any(kind == "kv" for _, kind, _ in events):
+            rank_weights += [(at, float(v[0])) for at, kind, v in events if kind == "weights"]
+            continue
+        weights: list[float] = []
+        kv_gib = peak = None
+        for at, kind, values in events:
+            if kind == "weights":
+                weights.append(float(values[0]))
+            elif kind == "kv_gib":
+                kv_gib = float(values[0])
+            elif kind == "profile":
+                peak = float(values[1])
+            else:
+                memory = EngineMemory(
                     source=source,
                     kv_cache_tokens=int(values[0].replace(",", "")),
                     # Every TP rank loads an equal shard: any one is the per-GPU value.
@@ -75,9 +88,17 @@ def parse(lines_by_file: dict[str, Iterable[str]], source: str) -> list[EngineMe
                     activation_peak_gib=peak,
                     logged_at=at.strftime("%m-%d %H:%M:%S"),
                 )
-            )
-            weights, kv_gib, peak = [], None, None
-    return engines
+                engines.append((at, memory))
+                weights, kv_gib, peak = [], None, None
+    engines.sort(key=lambda e: e[0])
+    out = []
+    for at, memory in engines:
+        if memory.weights_gib is None:
+            earlier = [w for t, w in sorted(rank_weights) if t <= at]
+            if earlier:
+                memory = replace(memory, weights_gib=earlier[-1])
+        out.append(memory)
+    return out
 
 
 def read_files(paths: Iterable[Path]) -> dict[str, list[str]]:

@@ -266,3 +266,7 @@ def main() -> None:
     except ConfigError as e:  # a config error raised outside a command's own handling
         err.print(f"[red]error:[/red] {e}", highlight=False)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

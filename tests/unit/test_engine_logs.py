@@ -26,14 +26,23 @@ def test_tensor_parallel_ranks_log_their_shards():
     assert engine.kv_cache_tokens == 1_710_640 and engine.weights_gib == 7.64
 
 
-def test_engines_of_one_source_are_told_apart_by_time():
-    """A Ray session holds one log per replica; each KV line takes the weights logged since the last one."""
-    first = ["(EngineCore pid=1) INFO 11-30 00:01:00 [m.py:1] Model loading took 15.27 GiB and 3 seconds",
-             "(EngineCore pid=1) INFO 11-30 00:01:50 [k.py:1] GPU KV cache size: 794,704 tokens"]  # fmt: skip
-    second = ["(Worker_TP0 pid=7) INFO 11-30 00:05:00 [m.py:1] Model loading took 7.64 GiB and 2 seconds",
-              "(EngineCore pid=6) INFO 11-30 00:05:40 [k:1] GPU KV cache size: 1,710,640 tokens"]  # fmt: skip
-    engines = engine_logs.parse({"replica-b": second, "replica-a": first}, "ray")
-    assert [(e.kv_cache_tokens, e.weights_gib) for e in engines] == [(794_704, 15.27), (1_710_640, 7.64)]
+def test_engines_starting_at_once_keep_their_own_weights():
+    """Two replicas on two GPUs start together: each KV line takes the weights of its own log file."""
+    a = ["(EngineCore pid=1) INFO 11-30 00:01:00 [m:1] Model loading took 15.27 GiB and 3 seconds",
+         "(EngineCore pid=1) INFO 11-30 00:01:50 [k:1] GPU KV cache size: 794,704 tokens"]  # fmt: skip
+    b = ["(EngineCore pid=2) INFO 11-30 00:01:02 [m:1] Model loading took 1.12 GiB and 1 seconds",
+         "(EngineCore pid=2) INFO 11-30 00:01:53 [k:1] GPU KV cache size: 1,162,352 tokens"]  # fmt: skip
+    engines = engine_logs.parse({"replica-b": b, "replica-a": a}, "ray")
+    assert [(e.kv_cache_tokens, e.weights_gib) for e in engines] == [(794_704, 15.27), (1_162_352, 1.12)]
+
+
+def test_tensor_parallel_ranks_in_their_own_worker_logs():
+    """With vLLM's Ray executor each rank is a Ray worker with its own log; the engine's file has the KV."""
+    engine = ["(EngineCore pid=6) INFO 11-30 00:05:40 [k:1] GPU KV cache size: 1,710,640 tokens"]
+    rank0 = ["(RayWorkerWrapper pid=7) INFO 11-30 00:05:00 [m:1] Model loading took 7.64 GiB and 2 seconds"]
+    rank1 = ["(RayWorkerWrapper pid=8) INFO 11-30 00:05:01 [m:1] Model loading took 7.64 GiB and 2 seconds"]
+    [memory] = engine_logs.parse({"e": engine, "r0": rank0, "r1": rank1}, "ray")
+    assert (memory.kv_cache_tokens, memory.weights_gib) == (1_710_640, 7.64)
 
 
 def test_compare_reports_errors_and_the_targets():
