@@ -447,6 +447,22 @@ def plot(report: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
+def steps_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Every setting's steps as Markdown table rows."""
+    lines = [
+        "| setting | concurrency | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | output tok/s | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        for s in run["steps"]:
+            lines.append(
+                f"| {run['setting']} | {s['concurrency']} | {s['ttft_p50_ms']:.1f} | "
+                f"{s['ttft_p95_ms']:.1f} | {s['tpot_p50_ms']:.2f} | {s['output_tokens_per_s']:.0f} | "
+                f"{s['error_rate']:.1%} |"
+            )
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     rec = report["recommendation"]
     lines = [
@@ -462,16 +478,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "![ladder](ladder.png)",
         "",
-        "| setting | concurrency | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | output tok/s | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        *steps_table(report["runs"]),
     ]
-    for run in report["runs"]:
-        for s in run["steps"]:
-            lines.append(
-                f"| {run['setting']} | {s['concurrency']} | {s['ttft_p50_ms']:.1f} | "
-                f"{s['ttft_p95_ms']:.1f} | {s['tpot_p50_ms']:.2f} | {s['output_tokens_per_s']:.0f} | "
-                f"{s['error_rate']:.1%} |"
-            )
     lines += [
         "",
         "| setting | production concurrency (TTFT p95 <= SLO) | KV-estimated ceiling | peak memory GiB |",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import engine_logs
+from loadtests.ladder import steps_table
 from serve_app.config import deep_merge, load_config_files, parse_config
 from serve_app.planning import cluster_spec, plan_config
 
@@ -100,6 +101,12 @@ def ladder_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def gzip_copy(src: Path, dst: Path) -> None:
+    # mtime 0: regenerating the page leaves unchanged inputs byte-identical.
+    with open(src, "rb") as f, gzip.GzipFile(dst, "wb", mtime=0) as g:
+        shutil.copyfileobj(f, g)
+
+
 def copy_phase_files(run_dir: Path, out: Path) -> None:
     (out / "overhead").mkdir(parents=True, exist_ok=True)
     for name in ("results.json", "report.md"):
@@ -117,8 +124,7 @@ def copy_phase_files(run_dir: Path, out: Path) -> None:
         for name in ("results.json", "report.md", "ladder.png"):
             shutil.copy(src / name, dst / name)
         for raw in sorted(src.glob("raw_*.jsonl")):
-            with open(raw, "rb") as f, gzip.open(dst / (raw.name + ".gz"), "wb") as g:
-                shutil.copyfileobj(f, g)
+            gzip_copy(raw, dst / (raw.name + ".gz"))
 
 
 def overhead_section(overhead: dict[str, Any]) -> list[str]:
@@ -240,18 +246,7 @@ def ladder_section(out: Path) -> list[str]:
         report = json.loads((out / f"ladder-{profile}" / "results.json").read_text())
         done = [r["setting"] for r in report["runs"]]
         missing = [s for s in report.get("settings_planned", done) if s not in done]
-        lines += [
-            f"### {profile} ([report](ladder-{profile}/report.md))",
-            "",
-            "| setting | c | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | output tok/s |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for run in report["runs"]:
-            for st in run["steps"]:
-                lines.append(
-                    f"| {run['setting']} | {st['concurrency']} | {st['ttft_p50_ms']:.1f} | {st['ttft_p95_ms']:.1f} "
-                    f"| {st['tpot_p50_ms']:.2f} | {st['output_tokens_per_s']:,.0f} |"
-                )
+        lines += [f"### {profile} ([report](ladder-{profile}/report.md))", "", *steps_table(report["runs"])]
         lines += ["", *[f"- {v['feature']}: {v['reason']}" for v in report["recommendation"]["verdicts"]]]
         if missing:
             lines.append(f"- not measured (the run's time ran out): {', '.join(missing)}")

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from loadtests import engine_logs
-from loadtests.streaming_client import percentile, prompts, run_load
+from loadtests.streaming_client import one_request, percentile, prompts, run_load
 from serve_app.config import HeadroomConfig, deep_merge, load_config_files, parse_config
 from serve_app.planning import cluster_spec, plan_config
 from serve_app.serve_options import apply_cluster_env
@@ -92,38 +92,23 @@ async def step_load(
     until: Any = None,
 ) -> list[dict[str, float]]:  # fmt: skip
     """Closed-loop streaming load in phases of (concurrency, seconds); the last phase also ends early once
-    `until()` is true. Returns one record per request: send time (s since t0), TTFT, e2e, tokens."""
+    `until()` is true. Returns one record per request: send time (s since t0), TTFT, e2e, tokens, ok."""
     records: list[dict[str, float]] = []
     texts = prompts(4096, prompt_words)
-    body = {"model": model, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
     counter = iter(range(10**9))
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=1024)) as client:
 
         async def worker(stop_at: float, last: bool) -> None:
             while time.monotonic() < stop_at and not (last and until and until()):
-                i = next(counter)
+                prompt = texts[next(counter) % len(texts)]
                 sent = time.monotonic()
-                first = None
-                tokens = 0
                 try:
-                    async with client.stream(
-                        "POST", url + "/v1/completions", json={**body, "prompt": texts[i % len(texts)]}
-                    ) as response:
-                        async for line in response.aiter_lines():
-                            if not line.startswith("data: ") or line == "data: [DONE]":
-                                continue
-                            event = json.loads(line[6:])
-                            if first is None and event.get("choices") and event["choices"][0].get("text"):
-                                first = time.monotonic()
-                            if event.get("usage"):
-                                tokens = event["usage"]["completion_tokens"]
-                    ok = response.status_code == 200
+                    r = await one_request(client, url + "/v1/completions", model, prompt, max_tokens)
+                    record = {"ttft_s": r.ttft_s, "e2e_s": r.e2e_s, "tokens": r.output_tokens, "ok": True}
                 except httpx.HTTPError:
-                    ok = False
-                end = time.monotonic()
-                records.append({"sent_s": sent - t0, "ttft_s": (first or end) - sent, "e2e_s": end - sent,
-                                "tokens": tokens, "ok": ok})  # fmt: skip
+                    failed_after = time.monotonic() - sent
+                    record = {"ttft_s": failed_after, "e2e_s": failed_after, "tokens": 0, "ok": False}
+                records.append({"sent_s": sent - t0, **record})
 
         for index, (concurrency, seconds) in enumerate(phases):
             stop_at = time.monotonic() + seconds
