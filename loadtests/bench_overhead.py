@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import httpx
 import psutil
 
 from loadtests import engine_logs
+from loadtests.machine import describe
 from loadtests.processes import serve_replicas
 from loadtests.streaming_client import RequestResult, percentile, run_load
 from serve_app.config import load_config_files, load_env_config
@@ -82,16 +82,6 @@ def pooled(results: list[RequestResult], duration_s: float, cpu_s: dict[str, flo
         "frontend_cpu_us_per_token": cpu_s["frontend"] / tokens * 1e6,
         "engine_cpu_us_per_token": cpu_s["engine"] / tokens * 1e6,
     }
-
-
-def machine_description() -> str:
-    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-    out = ""
-    if shutil.which(query[0]):
-        out = subprocess.run(query, capture_output=True, text=True, check=False).stdout
-    gpus = [g for g in out.splitlines() if g.strip()]
-    where = f"{len(gpus)} x {gpus[0]}" if gpus else "vLLM CPU backend"
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} ({where})"
 
 
 def memory_check(cfg, plan, bare_log: Path, placement: str) -> list[dict]:
@@ -270,7 +260,7 @@ def main() -> None:
     by_c = {row["concurrency"]: row["comparison"] for row in rows}
     lowest, highest = min(by_c), max(by_c)
     report = {
-        "machine": machine_description(),
+        "machine": describe(),
         "versions": {"vllm": vllm.__version__, "ray": ray.__version__, "python": platform.python_version()},
         "model": cfg.served_model_name,
         "engine_flags": flags,

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import raw_stats
+from loadtests.machine import describe
 from loadtests.processes import serve_replicas
 from loadtests.streaming_client import run_load
 from loadtests.workloads import parse_steps
@@ -231,11 +232,6 @@ def _has_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
-def _nvidia_smi(query: str, fmt: str) -> str:
-    cmd = ["nvidia-smi", f"--query-gpu={query}", f"--format={fmt}"]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
-
-
 def replica_processes(app_name: str) -> list[Any]:
     return [proc for r in serve_replicas(app_name) for proc in (r, *r.children(recursive=True))]
 
@@ -366,7 +362,7 @@ def run_ladder(
                  f"{runs[-1]['peak_memory_gib']:.2f} GiB")  # fmt: skip
         # Written after every setting: a run cut short still leaves the settings it measured.
         report = {
-            "machine": machine(),
+            "machine": describe(),
             "versions": versions(),
             "model": cfg.served_model_name,
             "profile": profile,
@@ -383,16 +379,6 @@ def run_ladder(
         plot(report, out)
         (out / "report.md").write_text(markdown(report))
     return report
-
-
-def machine() -> str:
-    import psutil
-
-    gpu = _nvidia_smi("name", "csv,noheader").strip() if _has_gpu() else ""
-    mem_gib = psutil.virtual_memory().total / 1024**3
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, {mem_gib:.0f} GiB RAM" + (
-        f", {gpu}" if gpu else ", no GPU"
-    )
 
 
 def versions() -> dict[str, str]:

@@ -129,14 +129,12 @@ def _choices(values: Iterable[object]) -> str:
 _SECTION_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 _SERVED_NAME_PATTERN = r"^[A-Za-z0-9._/:-]{1,128}$"
-_APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-APP_NAME_PATTERN, APP_NAME_HINT = (
-    _APP_NAME_PATTERN,
-    ("1 to 63 characters from lowercase letters, digits and '-', not starting with '-'"),
-)
+# Also the ladder's --app-name check: a Serve application name that is a valid route prefix too.
+APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+APP_NAME_HINT = "1 to 63 characters from lowercase letters, digits and '-', not starting with '-'"
 _PATTERN_HINTS = {
     _SERVED_NAME_PATTERN: "1 to 128 characters from letters, digits and . _ / : -",
-    _APP_NAME_PATTERN: APP_NAME_HINT,
+    APP_NAME_PATTERN: APP_NAME_HINT,
 }
 
 
@@ -686,7 +684,7 @@ class HeadroomConfig(BaseModel):
 
     name: str = Field(
         default="headroom",
-        pattern=_APP_NAME_PATTERN,
+        pattern=APP_NAME_PATTERN,
         description="Ray Serve application name; also prefixes metric labels and rendered file names.",
     )
     route_prefix: str = Field(

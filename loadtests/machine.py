@@ -1,0 +1,26 @@
+"""One line that says what a benchmark ran on, for the reports."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+
+import psutil
+
+
+def gpu_names() -> list[str]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    out = subprocess.run(query, capture_output=True, text=True, check=False).stdout
+    return [name.strip() for name in out.splitlines() if name.strip()]
+
+
+def describe() -> str:
+    """E.g. 'x86_64, 32 CPUs, 252 GiB RAM, 2 x NVIDIA H200' or '..., no GPU (vLLM CPU backend)'."""
+    gpus = gpu_names()
+    where = f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU (vLLM CPU backend)"
+    mem_gib = psutil.virtual_memory().total / 1024**3
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, {mem_gib:.0f} GiB RAM, {where}"
