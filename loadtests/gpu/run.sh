@@ -53,7 +53,6 @@ case "$phase" in
         --http-port 8000 --out "$work/$profile" > "$work/$profile.log" 2>&1 &
     done
     wait
-    python3 -m loadtests.gpu.ladder_memory "${config[@]}" --ladders "$work"/*/results.json --out "$work/memory.json"
     ray stop --force >/dev/null || true
     ;;
   *) echo "unknown phase $phase (overhead | scale | ladder)" >&2; exit 2 ;;
