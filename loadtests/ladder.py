@@ -252,6 +252,12 @@ def run_locust(
         raise RuntimeError(f"locust wrote no results (exit {result.returncode}): {result.stderr[-2000:]}")
 
 
+# Behind HAProxy a deleted replica stays reachable for 30 s (Serve's default) so that stale load balancers
+# can deregister it. The ladder deletes a setting's app only after its load has finished and nothing else
+# routes to it, so on a cluster the ladder starts itself the drain is 2 s: 30 s per setting was a third of
+# each setting's time on an H200 (results/gpu).
+LADDER_DRAIN = ("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+
 # Each step's first seconds hold the previous step's requests still draining and the new users ramping.
 STEP_WARMUP_S = 2.0
 
@@ -320,7 +326,15 @@ def run_ladder(
 
         apply_cluster_env(os.environ)
         if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS"), logging_level="ERROR", log_to_driver=False)
+            # Seen only by a cluster this ray.init starts; this process's environment is left as it was.
+            name, value = LADDER_DRAIN
+            before = os.environ.get(name)
+            os.environ.setdefault(name, value)
+            try:
+                ray.init(address=os.environ.get("RAY_ADDRESS"), logging_level="ERROR", log_to_driver=False)
+            finally:
+                if before is None:
+                    del os.environ[name]
         http_port = http_port or 8000 + (os.getpid() % 1000)
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     for index, setting in enumerate(settings):
