@@ -10,6 +10,7 @@ through 0.33 (0.32 moved the server into `vllm.entrypoints.launchers` and kept t
 from __future__ import annotations
 
 import argparse
+import logging
 import types
 from collections.abc import AsyncGenerator
 
@@ -23,6 +24,8 @@ from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 from autoscale.replica_stats import SchedulerSnapshot
 from serve_app.asgi import ReplicaASGI
 from serve_app.metrics import ServingMetrics, request_started_at
+
+logger = logging.getLogger(__name__)
 
 try:  # vLLM >= 0.32
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -70,6 +73,27 @@ class InstrumentedAsyncLLM(AsyncLLM):
                     tpot = (stats.last_token_ts - stats.first_token_ts) / (n - 1) if n > 1 else None
                     self.serving_metrics.request_generated(tpot, n)
             yield output
+
+    def ended_engine_cores(self) -> dict[str, int]:
+        """Exit codes of this engine's engine-core processes that have ended (empty while all run)."""
+        manager = getattr(self.engine_core.resources, "engine_manager", None)
+        return {p.name: p.exitcode for p in getattr(manager, "processes", ()) if p.exitcode is not None}
+
+    async def check_health(self) -> None:
+        """vLLM's check, after making sure a dead engine core is noticed.
+
+        vLLM learns of a dead engine core from a monitor thread that marks the engine dead and fails the
+        requests in flight. That thread can itself die: its process-tree kill races the reaping of the
+        dead process and raises psutil.NoSuchProcess (seen with vLLM 0.32), after which requests hang and
+        the engine looks healthy forever. Here the health check looks at the processes itself and, when
+        one has ended, does what the monitor would have done.
+        """
+        ended = self.ended_engine_cores()
+        if ended and not self.engine_core.resources.engine_dead:
+            logger.error("engine core process ended unexpectedly %s; shutting the engine down", ended)
+            self.engine_core.resources.engine_dead = True
+            self.engine_core.shutdown()  # fails the requests in flight with EngineDeadError
+        await super().check_health()
 
 
 def scheduler_snapshot_logger(snapshot: SchedulerSnapshot) -> type[StatLoggerBase]:
