@@ -13,6 +13,7 @@ import argparse
 import logging
 import types
 from collections.abc import AsyncGenerator
+from multiprocessing.connection import wait as wait_for_sentinels
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.usage.usage_lib import UsageContext
@@ -74,10 +75,16 @@ class InstrumentedAsyncLLM(AsyncLLM):
                     self.serving_metrics.request_generated(tpot, n)
             yield output
 
-    def ended_engine_cores(self) -> dict[str, int]:
-        """Exit codes of this engine's engine-core processes that have ended (empty while all run)."""
+    def ended_engine_cores(self) -> dict[str, int | None]:
+        """This engine's engine-core processes that have ended, with their exit codes where known.
+
+        Read from each process's sentinel (a pipe that closes when it exits), not its exit code: in a Ray
+        worker children are reaped automatically, so their exit codes are never collected (None).
+        """
         manager = getattr(self.engine_core.resources, "engine_manager", None)
-        return {p.name: p.exitcode for p in getattr(manager, "processes", ()) if p.exitcode is not None}
+        processes = list(getattr(manager, "processes", ()))
+        ended = set(wait_for_sentinels([p.sentinel for p in processes], timeout=0))
+        return {p.name: p.exitcode for p in processes if p.sentinel in ended}
 
     async def check_health(self) -> None:
         """vLLM's check, after making sure a dead engine core is noticed.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import signal
 import time
 
 import pytest
@@ -29,7 +30,7 @@ class Client:
     def __init__(self, resources):
         self.resources, self.shutdowns = resources, 0
 
-    def shutdown(self):
+    def shutdown(self, timeout=None):
         self.shutdowns += 1
         self.resources.engine_dead = True
 
@@ -41,12 +42,18 @@ def engine_with(process) -> InstrumentedAsyncLLM:
     return engine
 
 
-def test_an_ended_engine_core_fails_the_health_check_and_shuts_the_client_down():
-    core = multiprocessing.get_context("spawn").Process(target=int, name="EngineCore_DP0")
-    core.start()
-    core.join()
+@pytest.mark.parametrize("auto_reaped", [False, True])
+def test_an_ended_engine_core_fails_the_health_check_and_shuts_the_client_down(auto_reaped):
+    """auto_reaped: SIGCHLD ignored, as in a Ray worker: the exit code is never collected."""
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN if auto_reaped else signal.SIG_DFL)
+    try:
+        core = multiprocessing.get_context("spawn").Process(target=int, name="EngineCore_DP0")
+        core.start()
+        core.join()
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
     engine = engine_with(core)
-    assert engine.ended_engine_cores() == {"EngineCore_DP0": 0}
+    assert engine.ended_engine_cores() == {"EngineCore_DP0": None if auto_reaped else 0}
     with pytest.raises(EngineDeadError):
         asyncio.run(engine.check_health())
     assert engine.engine_core.shutdowns == 1
