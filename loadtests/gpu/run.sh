@@ -44,10 +44,10 @@ case "$phase" in
     ;;
   ladder)
     # One cluster, one Serve HTTP port, two ladders deploying one GPU each under their own app names.
-    # The drain of 2 s: see LADDER_DRAIN in loadtests/ladder.py.
-    RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 RAY_worker_niceness=0 \
-      RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper=true \
-      RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S=2 ray start --head --num-gpus 2 >/dev/null
+    # headroom's cluster settings (serve_app/serve_options.py) and the ladder's 2 s drain (loadtests/ladder.py).
+    cluster_env=$(python3 -c "from serve_app.serve_options import SERVE_CLUSTER_ENV as e; from loadtests.ladder \
+import LADDER_DRAIN as d; print(' '.join(f'{k}={v}' for k, v in [*e.items(), d]))")
+    env $cluster_env ray start --head --num-gpus 2 >/dev/null
     python3 -c "import ray; from ray import serve; ray.init(address='auto'); serve.start(http_options={'host': '127.0.0.1', 'port': 8000})"
     for profile in shared-prefix structured; do
       RAY_ADDRESS=auto timeout "${LADDER_TIMEOUT_S:-540}" python3 -m serve_app.cli ladder "${config[@]}" --profile "$profile" \
