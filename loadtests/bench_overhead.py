@@ -84,12 +84,13 @@ def pooled(results: list[RequestResult], duration_s: float, cpu_s: dict[str, flo
     }
 
 
-def memory_check(cfg, plan, bare_log: Path, placement: str) -> list[dict]:
+def memory_check(plan, bare_log: Path) -> list[dict]:
     """Each engine's logged KV tokens and weights against the plan (the same plan for both servers)."""
-    predicted = {"kv_cache_tokens": plan.kv_cache_tokens_per_replica, "weights_gib": plan.weights_gib_per_gpu}
     logged = engine_logs.parse(engine_logs.read_files([bare_log]), "vllm serve")
     logged += engine_logs.parse(engine_logs.ray_session_logs(), "headroom replica")
-    return [{"config": placement, **engine_logs.compare(predicted, e)} for e in logged]
+    return engine_logs.compare_each(
+        {f"TP={plan.tensor_parallel_size}": engine_logs.expected_memory(plan)}, logged
+    )
 
 
 def markdown(report: dict) -> str:
@@ -250,7 +251,7 @@ def main() -> None:
                 - v["frontend_cpu_us_per_token"],
             }
             rows.append(row)
-        memory = memory_check(cfg, plan, bare_log_path, "TP=1") if cfg.resources.accelerator == "gpu" else []
+        memory = memory_check(plan, bare_log_path) if cfg.resources.accelerator == "gpu" else []
     finally:
         bare.terminate()
         bare.wait(timeout=60)

@@ -9,8 +9,9 @@ the previous KV line of the same log file.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -134,3 +135,22 @@ def compare(predicted: dict[str, float], logged: EngineMemory) -> dict[str, Any]
         row["weights_error"] = (predicted["weights_gib"] / logged.weights_gib - 1) if diff > 0.005 else 0.0
         row["weights_within_1pct"] = abs(row["weights_error"]) <= 0.01
     return row
+
+
+def expected_memory(plan: Any) -> dict[str, float]:
+    """What a plan (serve_app.planner.Plan) predicts vLLM will log: KV tokens and weights per GPU."""
+    return {"kv_cache_tokens": plan.kv_cache_tokens_per_replica, "weights_gib": plan.weights_gib_per_gpu}
+
+
+def compare_each(
+    expected: Mapping[str, dict[str, float]], engines: Iterable[EngineMemory]
+) -> list[dict[str, Any]]:
+    """Each engine against the expected layout nearest its KV size (layouts such as TP=1 and TP=2 differ by
+    a factor, so the nearest is the engine's own), as rows of compare() with the layout's name."""
+    rows = []
+    for engine in engines:
+        layout = min(
+            expected, key=lambda k: abs(math.log(expected[k]["kv_cache_tokens"] / engine.kv_cache_tokens))
+        )
+        rows.append({"layout": layout, **compare(expected[layout], engine)})
+    return rows

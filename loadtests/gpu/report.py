@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -46,15 +45,8 @@ def memory_rows(run_dir: Path) -> list[dict[str, Any]]:
         if (run_dir / phase / "vllm_serve.log").exists():
             sources["bare vllm serve"] = [run_dir / phase / "vllm_serve.log"]
         for source, paths in sources.items():
-            for engine in engine_logs.parse(engine_logs.read_files(paths), source):
-                # TP=1 and TP=2 engines differ 2x in KV size: each is the layout it is closest to.
-                layout = min(
-                    expected,
-                    key=lambda k: abs(math.log(expected[k]["kv_cache_tokens"] / engine.kv_cache_tokens)),
-                )
-                rows.append(
-                    {"phase": phase, "layout": layout, **engine_logs.compare(expected[layout], engine)}
-                )
+            engines = engine_logs.parse(engine_logs.read_files(paths), source)
+            rows += [{"phase": phase, **row} for row in engine_logs.compare_each(expected, engines)]
     return rows
 
 
@@ -90,15 +82,6 @@ def plot_autoscale(scale: dict[str, Any], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def ladder_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| concurrency | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | output tok/s |",
-             "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for r in rows:
-        lines.append(f"| {r['concurrency']} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
-                     f"{r['tpot_p50_ms']:.2f} | {r['tpot_p99_ms']:.2f} | {r['output_tokens_per_s']:,.0f} |")  # fmt: skip
-    return lines
 
 
 def gzip_copy(src: Path, dst: Path) -> None:

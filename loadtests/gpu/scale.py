@@ -193,10 +193,7 @@ def main() -> None:
             **{name: p.to_json() for name, p in plans.items()},
             "slo": base.slo.model_dump(mode="json"),
         }  # fmt: skip
-        predictions = {
-            name: {"kv_cache_tokens": p.kv_cache_tokens_per_replica, "weights_gib": p.weights_gib_per_gpu}
-            for name, p in plans.items()
-        }
+        predictions = {name: engine_logs.expected_memory(p) for name, p in plans.items()}
 
     import ray
     from ray import serve
@@ -278,13 +275,8 @@ def main() -> None:
             }
             save()
     finally:
-        result["memory"] = [] if not gpu else [
-            {"config": name, **engine_logs.compare(predictions[name], engine)}
-            for engine in engine_logs.parse(engine_logs.ray_session_logs(), "headroom replica")
-            # The two layouts' KV sizes differ by 2x: each engine is the layout it is closest to.
-            for name in [min(predictions, key=lambda k: abs(predictions[k]["kv_cache_tokens"] /
-                                                             engine.kv_cache_tokens - 1))]
-        ]  # fmt: skip
+        engines = engine_logs.parse(engine_logs.ray_session_logs(), "headroom replica")
+        result["memory"] = engine_logs.compare_each(predictions, engines) if gpu else []
         result["autoscaler_log"] = autoscaler_log_lines()
         save()
         serve.shutdown()

@@ -52,3 +52,15 @@ def test_compare_reports_errors_and_the_targets():
     assert row["weights_error"] == 0.0 and row["weights_within_1pct"]  # within vLLM's 0.01 GiB rounding
     off = engine_logs.compare({"kv_cache_tokens": 700_000, "weights_gib": 16.0}, logged)
     assert not off["kv_within_2pct"] and not off["weights_within_1pct"]
+
+
+def test_each_engine_is_compared_with_its_own_layout():
+    expected = {"TP=1": {"kv_cache_tokens": 794_064, "weights_gib": 15.27},
+                "TP=2": {"kv_cache_tokens": 1_700_384, "weights_gib": 7.64}}  # fmt: skip
+    tp1 = engine_logs.EngineMemory("r", 797_680, 15.27, None, None, "11-30 00:00:00")
+    tp2 = engine_logs.EngineMemory("r", 1_709_952, 7.64, None, None, "11-30 00:01:00")
+    rows = engine_logs.compare_each(expected, [tp1, tp2])
+    assert [(r["layout"], r["kv_within_2pct"], r["weights_within_1pct"]) for r in rows] == [
+        ("TP=1", True, True),
+        ("TP=2", True, True),
+    ]
