@@ -6,7 +6,7 @@ is built once with `policy_kwargs`. This adapter maps the context (the replicas'
 its decision back. It reads the context by attribute only, so it imports nothing from Ray and stays
 testable with a plain object; the decision logic lives in autoscale/policy.py.
 
-Plug it in (serve_app/serve_options.py does this from the config's `deployment.autoscaling`):
+Plug it in (serve_app/serving/serve_options.py does this from the config's `deployment.autoscaling`):
 
     autoscaling_config:
       policy:

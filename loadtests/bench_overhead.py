@@ -1,8 +1,8 @@
 """headroom's serving overhead against bare `vllm serve`, measured side by side in one run.
 
-Both servers run at once with the same engine flags (produced by serve_app.engine_args, the same list the
-replicas use). Rounds alternate which one goes first at each concurrency, so the machine's noise lands on
-both; the same deterministic requests go to each. Writes JSON and a Markdown table.
+Both servers run at once with the same engine flags (produced by serve_app.serving.engine_args, the
+same list the replicas use). Rounds alternate which one goes first at each concurrency, so the machine's
+noise lands on both; the same deterministic requests go to each. Writes JSON and a Markdown table.
 
     python -m loadtests.bench_overhead --env local --out results/bench_overhead   (or: make bench-overhead)
 
@@ -30,10 +30,10 @@ from loadtests.machine import describe
 from loadtests.processes import serve_replicas
 from loadtests.streaming_client import RequestResult, percentile, run_load
 from serve_app.config import load_config_files, load_env_config
-from serve_app.engine_args import PlannedEngine, vllm_cli_args
-from serve_app.model_files import resolve_models
-from serve_app.planning import cluster_spec, plan_config
-from serve_app.serve_options import SERVE_CLUSTER_ENV, apply_cluster_env
+from serve_app.models.resolve import resolve_models
+from serve_app.planning.from_config import cluster_spec, plan_config
+from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
+from serve_app.serving.serve_options import SERVE_CLUSTER_ENV, apply_cluster_env
 
 TARGETS = ("vllm", "headroom")
 
@@ -199,7 +199,7 @@ def main() -> None:
     import vllm
     from ray import serve
 
-    from serve_app.app import build_from_config
+    from serve_app.serving.deployment import build_from_config
 
     startup: dict[str, float] = {}
     try:

@@ -284,7 +284,7 @@ def step_rows(raw: Path, ladder: str) -> list[dict[str, Any]]:
 
 def kv_estimate(cfg: HeadroomConfig, tokens_per_request: int) -> dict[str, Any]:
     """The planner's KV-cache capacity and the concurrency it allows at this workload's request size."""
-    from serve_app.planning import cluster_spec, plan_config
+    from serve_app.planning.from_config import cluster_spec, plan_config
 
     plan = plan_config(cfg, cluster_spec(cfg, gpus_per_node=cfg.engine.tensor_parallel_size or 1))
     return {
@@ -321,8 +321,8 @@ def run_ladder(
         import ray
         from ray import serve
 
-        from serve_app.app import build_from_config
-        from serve_app.serve_options import apply_cluster_env
+        from serve_app.serving.deployment import build_from_config
+        from serve_app.serving.serve_options import apply_cluster_env
 
         apply_cluster_env(os.environ)
         if not ray.is_initialized():

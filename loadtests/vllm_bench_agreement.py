@@ -82,7 +82,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer = args.tokenizer
     if tokenizer is None:
-        from serve_app.tiny_model import ensure_embedded_model
+        from serve_app.models.embedded import ensure_embedded_model
 
         tokenizer = str(ensure_embedded_model("embedded:tiny-qwen3"))
 

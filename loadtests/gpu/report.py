@@ -19,7 +19,7 @@ from typing import Any
 from loadtests import engine_logs
 from loadtests.ladder import steps_table
 from serve_app.config import deep_merge, load_config_files, parse_config
-from serve_app.planning import cluster_spec, plan_config
+from serve_app.planning.from_config import cluster_spec, plan_config
 
 CONFIG = ("configs/base.yaml", "loadtests/gpu/qwen3-8b.yaml")
 

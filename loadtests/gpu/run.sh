@@ -44,13 +44,13 @@ case "$phase" in
     ;;
   ladder)
     # One cluster, one Serve HTTP port, two ladders deploying one GPU each under their own app names.
-    # headroom's cluster settings (serve_app/serve_options.py) and the ladder's 2 s drain (loadtests/ladder.py).
-    cluster_env=$(python3 -c "from serve_app.serve_options import SERVE_CLUSTER_ENV as e; from loadtests.ladder \
+    # headroom's cluster settings (serve_app/serving/serve_options.py) and the ladder's 2 s drain (loadtests/ladder.py).
+    cluster_env=$(python3 -c "from serve_app.serving.serve_options import SERVE_CLUSTER_ENV as e; from loadtests.ladder \
 import LADDER_DRAIN as d; print(' '.join(f'{k}={v}' for k, v in [*e.items(), d]))")
     env $cluster_env ray start --head --num-gpus 2 >/dev/null
     python3 -c "import ray; from ray import serve; ray.init(address='auto'); serve.start(http_options={'host': '127.0.0.1', 'port': 8000})"
     for profile in shared-prefix structured; do
-      RAY_ADDRESS=auto timeout "${LADDER_TIMEOUT_S:-540}" python3 -m serve_app.cli ladder "${config[@]}" --profile "$profile" \
+      RAY_ADDRESS=auto timeout "${LADDER_TIMEOUT_S:-540}" python3 -m serve_app.cli.commands ladder "${config[@]}" --profile "$profile" \
         --steps "${LADDER_STEPS:-1:10,16:10,64:10}" --max-tokens 128 --app-name "ladder-$profile" \
         --http-port 8000 --out "$work/$profile" > "$work/$profile.log" 2>&1 &
     done

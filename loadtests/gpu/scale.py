@@ -29,8 +29,8 @@ import httpx
 from loadtests import engine_logs
 from loadtests.streaming_client import one_request, percentile, prompts, run_load
 from serve_app.config import HeadroomConfig, deep_merge, load_config_files, parse_config
-from serve_app.planning import cluster_spec, plan_config
-from serve_app.serve_options import apply_cluster_env
+from serve_app.planning.from_config import cluster_spec, plan_config
+from serve_app.serving.serve_options import apply_cluster_env
 
 APP = "scale"
 DEPLOYMENT = "LLMServer"
@@ -198,7 +198,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from serve_app.app import build_from_config
+    from serve_app.serving.deployment import build_from_config
 
     apply_cluster_env(os.environ)
     ray.init(num_cpus=None if gpu else 8, logging_level="WARNING", log_to_driver=False)

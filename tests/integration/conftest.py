@@ -20,9 +20,9 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
-from serve_app.app import build_from_config
 from serve_app.config import DEFAULT_CONFIG_DIR, HeadroomConfig, load_config
-from serve_app.serve_options import apply_cluster_env
+from serve_app.serving.deployment import build_from_config
+from serve_app.serving.serve_options import apply_cluster_env
 
 HERE = Path(__file__).parent
 

@@ -17,10 +17,10 @@ from ray import serve
 from ray.cluster_utils import Cluster
 from ray.util import placement_group_table
 
-from serve_app.app import live_cluster
 from serve_app.config import ConfigError, load_env_config
-from serve_app.planning import plan_config, require_fit
-from serve_app.serve_options import deployment_options
+from serve_app.planning.from_config import plan_config, require_fit
+from serve_app.serving.deployment import live_cluster
+from serve_app.serving.serve_options import deployment_options
 from tests.integration.conftest import free_port
 
 GPUS_PER_NODE = 4

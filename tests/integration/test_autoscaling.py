@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from ray import serve
 
-from serve_app.app import build_from_config
+from serve_app.serving.deployment import build_from_config
 from tests.integration.conftest import overlay
 
 pytestmark = pytest.mark.integration

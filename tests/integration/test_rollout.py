@@ -36,9 +36,10 @@ import httpx
 import psutil
 import pytest
 
+from loadtests.smoke import run_smoke_load
 from serve_app.config import DEFAULT_CONFIG_DIR, ConfigError
-from serve_app.rollout import SmokeOptions, auth_headers, read_history, rollout, status
-from serve_app.serve_options import apply_cluster_env
+from serve_app.rollout.operations import SmokeOptions, auth_headers, read_history, rollout, status
+from serve_app.serving.serve_options import apply_cluster_env
 
 pytestmark = pytest.mark.integration
 
@@ -264,6 +265,7 @@ def test_rollout_update_under_traffic_and_automatic_rollback(ray_cluster: RayClu
             address=cluster.dashboard,
             state=cluster.state_dir,
             smoke=SMOKE,
+            smoke_runner=run_smoke_load,
             ready_timeout_s=240,
             poll_s=1,
             **kwargs,

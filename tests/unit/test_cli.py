@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from serve_app.cli import app
+from serve_app.cli.commands import app
 
 runner = CliRunner()
 

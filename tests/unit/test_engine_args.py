@@ -7,9 +7,9 @@ import json
 import pytest
 
 from serve_app.config import ConfigError, deep_merge, load_env_config, parse_config
-from serve_app.engine_args import PlannedEngine, ResolvedModels, vllm_cli_args
-from serve_app.planning import cluster_spec, plan_config, require_fit
-from serve_app.serve_options import deployment_options
+from serve_app.planning.from_config import cluster_spec, plan_config, require_fit
+from serve_app.serving.engine_args import PlannedEngine, ResolvedModels, vllm_cli_args
+from serve_app.serving.serve_options import deployment_options
 
 MODELS = ResolvedModels("/models/target", "/models/draft")
 

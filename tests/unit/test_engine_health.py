@@ -16,7 +16,7 @@ import pytest
 from vllm.v1.engine.core_client import BackgroundResources
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from serve_app.engine import InstrumentedAsyncLLM
+from serve_app.serving.engine import InstrumentedAsyncLLM
 
 
 class ProcManager:

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from serve_app.config import ConfigError, deep_merge, load_env_config, parse_config
-from serve_app.model_files import check_draft_compatible, resolve_models, resolve_source
-from serve_app.tiny_model import digest, ensure_embedded_model
+from serve_app.models.embedded import digest, ensure_embedded_model
+from serve_app.models.resolve import check_draft_compatible, resolve_models, resolve_source
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_draft_with_another_tokenizer_is_refused(target, draft, tmp_path):
 
 
 def test_same_family_is_accepted_across_moe_variants():
-    from serve_app.model_files import architecture_family
+    from serve_app.models.resolve import architecture_family
 
     assert architecture_family("qwen3_moe") == architecture_family("qwen3") == "qwen3"
     assert architecture_family("llama") != architecture_family("qwen3")
@@ -130,7 +130,7 @@ def test_unknown_name_lists_the_catalogue(home, monkeypatch):
 def test_dummy_weights_serve_a_catalogue_shape_with_a_tokenizer_covering_its_vocabulary(home, monkeypatch):
     from transformers import AutoTokenizer
 
-    from serve_app import catalogue
+    from serve_app.planning import catalogue
 
     monkeypatch.setenv("HEADROOM_HOME", str(home))
     path = resolve_source("qwen/qwen3-0.6b", "model.source", dummy_weights=True)

@@ -10,9 +10,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from serve_app import catalogue
-from serve_app.memory import estimate_memory
-from serve_app.planner import ClusterSpec, Plan, PlanRequest, estimate_latency, plan, render_plan_table
+from serve_app.planning import catalogue
+from serve_app.planning.memory import estimate_memory
+from serve_app.planning.placement import (
+    ClusterSpec,
+    Plan,
+    PlanRequest,
+    estimate_latency,
+    plan,
+    render_plan_table,
+)
 
 
 def request(

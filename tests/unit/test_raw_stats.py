@@ -185,7 +185,7 @@ def test_histogram_quantile_in_the_inf_bucket_and_empty():
 
 
 def test_histogram_quantile_brackets_the_exact_median():
-    from serve_app.metrics import LATENCY_BUCKETS_S
+    from serve_app.serving.metrics import LATENCY_BUCKETS_S
 
     samples = [0.012 + 0.0007 * ((i * 37) % 101) for i in range(101)]  # 12 .. 82 ms
     bounds = [*LATENCY_BUCKETS_S, math.inf]

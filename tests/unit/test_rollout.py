@@ -20,11 +20,12 @@ from ray.serve.schema import ServeDeploySchema
 from typer.testing import CliRunner
 
 from loadtests.raw_stats import summarize
-from serve_app import rollout as ro
-from serve_app.cli_rollout import register
+from loadtests.smoke import smoke_command
+from serve_app.cli.rollout_commands import register
 from serve_app.config import DEFAULT_CONFIG_DIR, ConfigError, SLOSection, load_env_config
-from serve_app.planning import cluster_spec, plan_config
-from serve_app.serve_options import deployment_options
+from serve_app.planning.from_config import cluster_spec, plan_config
+from serve_app.rollout import operations as ro
+from serve_app.serving.serve_options import deployment_options
 
 BASE = DEFAULT_CONFIG_DIR / "base.yaml"
 LOCAL = DEFAULT_CONFIG_DIR / "local.yaml"
@@ -403,7 +404,7 @@ def test_serve_base_url():
 
 
 def test_smoke_command_runs_the_locustfile_headless(tmp_path):
-    cmd = ro.smoke_command(
+    cmd = smoke_command(
         "http://h:8000/x", "m", tmp_path / "raw.jsonl", ro.SmokeOptions(users=3, duration_s=7)
     )
     text = " ".join(cmd)

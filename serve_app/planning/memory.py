@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from serve_app.model_shape import ModelShape
+from serve_app.planning.shape import ModelShape
 
 __all__ = [
     "CPU_BLOCK_SIZE_TOKENS",

@@ -1,8 +1,8 @@
-"""`headroom render | diff | rollout | status`: config-driven rollouts on Ray Serve (serve_app/rollout.py).
+"""`headroom render | diff | rollout | status`: config-driven rollouts on Ray Serve (serve_app/rollout/).
 
-serve_app/cli.py adds them to the `headroom` app with `register(app)`. Bad input (config, address, a plan
-that does not fit, an unreachable cluster) prints `error: ...` and exits 2 before anything is deployed; a
-rollout that deployed but failed (rolled back, or the rollback failed) exits 1.
+serve_app/cli/commands.py adds them to the `headroom` app with `register(app)`. Bad input (config, address, a
+plan that does not fit, an unreachable cluster) prints `error: ...` and exits 2 before anything is deployed;
+a rollout that deployed but failed (rolled back, or the rollback failed) exits 1.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
+from loadtests.smoke import run_smoke_load
+from serve_app.cli.common import fail
 from serve_app.config import ConfigError
-from serve_app.rollout import (
+from serve_app.rollout.operations import (
     DEFAULT_DASHBOARD_ADDRESS,
     STATE_DIR_ENV,
     RolloutError,
@@ -81,13 +83,6 @@ StateOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
-def _fail(error: Exception) -> NoReturn:
-    from serve_app.cli import _fail as cli_fail  # imported here: serve_app.cli imports this module
-
-    cli_fail(error)
-    raise typer.Exit(2)  # not reached: cli's _fail exits
-
-
 def _live_gpus(address: str | None, targets: list[Target]) -> list[int] | None:
     """GPUs per node of the cluster at --address, read only when a GPU config is to be planned."""
     if not address or all(t.cfg.resources.accelerator == "cpu" for t in targets):
@@ -113,7 +108,7 @@ def render_command(
         live = _live_gpus(address, [target])
         rendered = render_target(target, planning_cluster(target.cfg, gpus, nodes, gpu_memory_gib, live))
     except (ConfigError, RolloutError) as e:
-        _fail(e)
+        fail(e)
     text = rendered.to_yaml(datetime.now(timezone.utc).isoformat(timespec="seconds"))
     if out is None:
         sys.stdout.write(text)
@@ -138,7 +133,7 @@ def diff_command(
     """Show what differs between two environments, field by field: the merged config, the plan's
     consequences (replicas, TP size, max_num_seqs, KV tokens) and the Serve deployment options."""
     if len(env) != 2:
-        _fail(RolloutError(f"give exactly two environments (--env A --env B), got {len(env)}"))
+        fail(RolloutError(f"give exactly two environments (--env A --env B), got {len(env)}"))
     try:
         targets = [load_target(name) for name in env]
         live = _live_gpus(address, targets)
@@ -146,7 +141,7 @@ def diff_command(
             render_target(t, planning_cluster(t.cfg, gpus, nodes, gpu_memory_gib, live)) for t in targets
         ]
     except (ConfigError, RolloutError) as e:
-        _fail(e)
+        fail(e)
     changes = diff_rendered(rendered[0], rendered[1])
     if as_json:
         rows = [
@@ -204,9 +199,10 @@ def rollout_command(
             state=state_dir,
             smoke=smoke,
             ready_timeout_s=timeout_s,
+            smoke_runner=run_smoke_load,
         )
     except (ConfigError, RolloutError) as e:
-        _fail(e)
+        fail(e)
     if as_json:
         print(json.dumps(result.record or {"outcome": result.outcome, "message": result.message}, indent=2))
     if not result.ok:
@@ -221,7 +217,7 @@ def status_command(
     try:
         st = status(address, state_dir)
     except (ConfigError, RolloutError) as e:
-        _fail(e)
+        fail(e)
     print(json.dumps(st, indent=2) if as_json else format_status(st))
 
 

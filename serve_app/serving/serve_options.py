@@ -10,7 +10,7 @@ from typing import Any
 
 from autoscale.ray_policy import POLICY_IMPORT_PATH
 from serve_app.config import HeadroomConfig
-from serve_app.planner import Plan
+from serve_app.planning.placement import Plan
 
 # Ray Serve settings for the cluster (read by Serve's processes at start-up, so they must be in the
 # environment of `ray start` / the driver that starts the cluster). Measured on the tiny CPU model

@@ -23,8 +23,8 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from autoscale.replica_stats import SchedulerSnapshot
-from serve_app.asgi import ReplicaASGI
-from serve_app.metrics import ServingMetrics, request_started_at
+from serve_app.serving.asgi import ReplicaASGI
+from serve_app.serving.metrics import ServingMetrics, request_started_at
 
 logger = logging.getLogger(__name__)
 

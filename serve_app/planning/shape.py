@@ -54,7 +54,7 @@ class ModelShape:
     """Architecture numbers of one decoder-only transformer, as vLLM sees them.
 
     Build it with :meth:`from_hf_config` (a config.json dict) or :meth:`from_dir` (a checkpoint directory);
-    the catalogue (:mod:`serve_app.catalogue`) holds config.json dicts of common models.
+    the catalogue (:mod:`serve_app.planning.catalogue`) holds config.json dicts of common models.
     """
 
     name: str

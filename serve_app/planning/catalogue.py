@@ -1,8 +1,8 @@
 """Built-in catalogue: config.json of common models, and the GPUs the planner knows.
 
 Model entries are verbatim copies of each checkpoint's published ``config.json`` on the HuggingFace Hub
-(``serve_app/catalogue/<org>__<name>.json``), so planning works without downloading anything. A local
-checkpoint directory is always read instead when the user gives one (see :meth:`ModelShape.from_dir`).
+(``serve_app/planning/model_configs/<org>__<name>.json``), so planning works without downloading anything.
+A local checkpoint directory is always read instead when the user gives one (see :meth:`ModelShape.from_dir`).
 
 GPU entries hold what the memory model and the roofline latency model need. ``memory_bytes`` is the total
 that ``torch.cuda.get_device_properties(0).total_memory`` reports (vLLM sizes ``gpu_memory_utilization``
@@ -24,11 +24,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from serve_app.model_shape import ModelShape
+from serve_app.config.vocabulary import EMBEDDED_PREFIX, GIB_BYTES
+from serve_app.planning.shape import ModelShape
 
 __all__ = [
     "GPUS",
+    "EMBEDDED_MODELS",
     "CatalogueKeyError",
+    "EmbeddedShape",
+    "embedded_config",
+    "embedded_name",
     "GpuSpec",
     "get",
     "gpu",
@@ -37,8 +42,7 @@ __all__ = [
     "shape",
 ]
 
-_CATALOGUE_DIR = Path(__file__).resolve().parent / "catalogue"
-GIB_BYTES = 1 << 30
+_CATALOGUE_DIR = Path(__file__).resolve().parent / "model_configs"
 
 
 class CatalogueKeyError(KeyError):
@@ -106,6 +110,64 @@ def shape(name: str) -> ModelShape:
     """The :class:`ModelShape` of catalogue model ``name``."""
     resolved = _resolve(name)
     return ModelShape.from_hf_config(_load(resolved), name=resolved)
+
+
+# ------------------------------------------------------------------------------------- embedded models
+@dataclass(frozen=True)
+class EmbeddedShape:
+    """The few numbers that make a Qwen3 model tiny. head_dim 32/64 are CPU-attention sizes vLLM supports."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    seed: int
+
+
+# The models headroom generates itself (serve_app/models/embedded.py writes their files from these).
+EMBEDDED_MODELS: dict[str, EmbeddedShape] = {
+    "tiny-qwen3": EmbeddedShape(128, 384, 2, 4, 2, 32, seed=1),
+    # The draft shares the tokenizer and the architecture family (the seeds' requirement for draft_model).
+    "tiny-qwen3-draft": EmbeddedShape(64, 192, 1, 2, 1, 32, seed=2),
+}
+EMBEDDED_VOCAB_SIZE = 2048
+EMBEDDED_MAX_POSITION_EMBEDDINGS = 4096
+
+
+def embedded_name(source: str) -> str:
+    """``tiny-qwen3`` for ``embedded:tiny-qwen3``; ValueError listing the embedded models otherwise."""
+    name = source.removeprefix(EMBEDDED_PREFIX)
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(
+            f"unknown embedded model {source!r}; available: "
+            + ", ".join(EMBEDDED_PREFIX + n for n in sorted(EMBEDDED_MODELS))
+        )
+    return name
+
+
+def embedded_config(name: str) -> dict[str, Any]:
+    """The shape fields of an embedded model's config.json (Qwen3Config keyword arguments)."""
+    s = EMBEDDED_MODELS[name]
+    return {
+        "vocab_size": EMBEDDED_VOCAB_SIZE,
+        "hidden_size": s.hidden_size,
+        "intermediate_size": s.intermediate_size,
+        "num_hidden_layers": s.num_hidden_layers,
+        "num_attention_heads": s.num_attention_heads,
+        "num_key_value_heads": s.num_key_value_heads,
+        "head_dim": s.head_dim,
+        "max_position_embeddings": EMBEDDED_MAX_POSITION_EMBEDDINGS,
+        "tie_word_embeddings": True,
+    }
+
+
+def embedded_shape(source: str) -> ModelShape:
+    """The :class:`ModelShape` of an embedded model, without generating its files."""
+    name = embedded_name(source)
+    config = {**embedded_config(name), "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
+    return ModelShape.from_hf_config({**config, "torch_dtype": "bfloat16"}, name=name)
 
 
 # ------------------------------------------------------------------------------------------------ GPUs

@@ -9,17 +9,22 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from serve_app import catalogue
 from serve_app.config import ConfigError, HeadroomConfig
-from serve_app.engine_args import ResolvedModels
-from serve_app.shape_model import ensure_shape_model
-from serve_app.tiny_model import ensure_embedded_model, is_embedded
+from serve_app.config.vocabulary import SEPARATE_TOKENIZER_METHODS, is_embedded
+from serve_app.models.dummy_shapes import ensure_shape_model
+from serve_app.models.embedded import ensure_embedded_model
+from serve_app.planning import catalogue
 
-# Methods whose draft is a separate model with its own tokenizer; EAGLE-style heads read the target's
-# hidden states and share its embedding, so only the vocabulary has to agree for them.
-DRAFT_MODEL_METHODS = {"draft_model"}
+
+@dataclass(frozen=True)
+class ResolvedModels:
+    """Local paths of the target and draft model, once `embedded:` names have been generated."""
+
+    model_path: str
+    draft_path: str | None = None
 
 
 def resolve_source(source: str, field: str, dummy_weights: bool = False) -> Path:
@@ -81,7 +86,9 @@ def check_draft_compatible(target_dir: Path, draft_dir: Path, method: str) -> No
     target = json.loads((target_dir / "config.json").read_text())
     draft = json.loads((draft_dir / "config.json").read_text())
     problems = []
-    if method in DRAFT_MODEL_METHODS:
+    # EAGLE-style heads read the target's hidden states and share its embedding: only the vocabulary
+    # has to agree for them.
+    if method in SEPARATE_TOKENIZER_METHODS:
         t_family = architecture_family(target.get("model_type", "?"))
         d_family = architecture_family(draft.get("model_type", "?"))
         if t_family != d_family:

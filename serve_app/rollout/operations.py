@@ -24,9 +24,9 @@ and proxy settings are kept. Every rendered config is kept under the state direc
                                                   .../history.jsonl  (one JSON line per rollout)
 
 Decisions (what to render, what differs, what the update will do, whether the app is ready, whether the
-smoke load passed the SLO) are pure functions of their inputs. The Ray/HTTP calls live in `ServeCluster`
-and `run_smoke_load`; `rollout()` validates every input (config, address, plan) before its first network
-call, and deploys nothing before the cluster has been read.
+smoke load passed the SLO) are pure functions of their inputs. The Ray/HTTP calls live in `ServeCluster`,
+the load in the injected smoke runner (loadtests.smoke); `rollout()` validates every input (config,
+address, plan) before its first network call, and deploys nothing before the cluster has been read.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import hashlib
 import json
 import math
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -50,15 +49,14 @@ import yaml
 
 from serve_app.config import (
     DEFAULT_CONFIG_DIR,
-    ConfigError,
     HeadroomConfig,
     SLOSection,
     load_config_files,
     load_env_config,
 )
-from serve_app.planner import ClusterSpec, Plan
-from serve_app.planning import cluster_spec, plan_config, require_fit
-from serve_app.serve_options import deployment_options
+from serve_app.planning.from_config import describe_cluster, plan_config, planning_cluster, require_fit
+from serve_app.planning.placement import ClusterSpec, Plan
+from serve_app.serving.serve_options import deployment_options
 
 __all__ = [
     "DEFAULT_DASHBOARD_ADDRESS",
@@ -216,58 +214,6 @@ def config_hash(cfg: HeadroomConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
 
 
-def planning_cluster(
-    cfg: HeadroomConfig,
-    gpus: int | None = None,
-    nodes: int = 1,
-    gpu_memory_gib: float | None = None,
-    live_gpus_per_node: Sequence[int] | None = None,
-) -> ClusterSpec:
-    """The cluster to plan on: the live cluster's GPU nodes when known, else the flags (as `headroom plan`:
-    1 node of 1 GPU unless told), with the GPU model from the config. CPU configs need no cluster."""
-    if cfg.resources.accelerator == "cpu":
-        return cluster_spec(cfg)
-    if live_gpus_per_node is not None:
-        gpu_nodes = [g for g in live_gpus_per_node if g > 0]
-        if not gpu_nodes:
-            msg = "is 'gpu' but the Ray cluster has no GPU nodes; start GPU nodes or use a CPU config"
-            raise ConfigError([("resources.accelerator", msg)])
-        return cluster_spec(cfg, len(gpu_nodes), min(gpu_nodes), gpu_memory_gib)
-    return cluster_spec(cfg, nodes, gpus, gpu_memory_gib)
-
-
-def describe_cluster(cfg: HeadroomConfig, cluster: ClusterSpec) -> str:
-    if cfg.resources.accelerator == "cpu":
-        return "CPU (vLLM's CPU backend)"
-    gpu = cluster.gpu
-    memory = f", {gpu.memory_bytes / 2**30:.1f} GiB" if gpu is not None else ""
-    name = gpu.name if gpu is not None else "GPU"
-    return f"{cluster.nodes} node(s) x {cluster.gpus_per_node} {name}{memory}"
-
-
-def plan_target(cfg: HeadroomConfig, cluster: ClusterSpec) -> Plan:
-    """The plan, refused (ConfigError, with the planner's numbers) when it does not fit the cluster.
-
-    Besides the planner's own checks, an autoscaled GPU deployment must fit its floor: min_replicas (and
-    initial_replicas) replicas of the planned TP size.
-    """
-    result = plan_config(cfg, cluster)
-    require_fit(result)
-    auto = cfg.deployment.autoscaling
-    if auto is not None and cfg.resources.accelerator == "gpu":
-        floor = max(auto.min_replicas, auto.initial_replicas or 0)
-        if floor > result.replicas:
-            tp = result.tensor_parallel_size
-            field_name = "min_replicas" if auto.min_replicas >= floor else "initial_replicas"
-            msg = (
-                f"{field_name} ({floor}) needs {floor * tp} GPUs at tensor_parallel_size {tp}; the cluster "
-                f"has room for {result.replicas} replica(s) ({cluster.total_gpus} GPUs). Lower {field_name} "
-                f"to {result.replicas} or add GPUs."
-            )
-            raise ConfigError([(f"deployment.autoscaling.{field_name}", msg)])
-    return result
-
-
 def _target_replicas(cfg: HeadroomConfig) -> int:
     auto = cfg.deployment.autoscaling
     return auto.max_replicas if auto is not None else (cfg.deployment.num_replicas or 1)
@@ -373,7 +319,8 @@ def render_target(target: Target, cluster: ClusterSpec) -> Rendered:
     """The Serve config for a target planned on `cluster`; refused when the plan does not fit. Pure apart
     from reading a local model's config.json."""
     cfg = target.cfg
-    plan = plan_target(cfg, cluster)
+    plan = plan_config(cfg, cluster)
+    require_fit(plan)
     digest = config_hash(cfg)
     surge, note = rolling_surge(cfg, plan)
     deployment: dict[str, Any] = {"name": DEPLOYMENT_NAME, **deployment_options(cfg, plan)}
@@ -930,51 +877,10 @@ class SmokeOptions:
     request_timeout_s: float = 60.0
 
 
-def locustfile_path() -> Path:
-    import loadtests
-
-    return Path(loadtests.__file__).resolve().parent / "locustfile.py"
-
-
-def smoke_command(base_url: str, model: str, raw_file: Path, opts: SmokeOptions) -> list[str]:
-    """The headless Locust run (loadtests/locustfile.py): closed loop, `users` streaming clients."""
-    flags = {
-        "-f": str(locustfile_path()),
-        "-u": str(opts.users),
-        "-r": str(opts.users),
-        "-t": f"{max(1, round(opts.duration_s))}s",
-        "--host": base_url,
-        "--model": model,
-        "--profile": opts.profile,
-        "--api": opts.api,
-        "--max-tokens": str(opts.max_tokens),
-        "--request-timeout": f"{opts.request_timeout_s:g}",
-        "--raw-file": str(raw_file),
-        "--exit-code-on-error": "0",
-    }
-    cmd = [sys.executable, "-m", "locust", "--headless", "--only-summary"]
-    for flag, value in flags.items():
-        cmd += [flag, value]
-    return cmd
-
-
-def run_smoke_load(base_url: str, model: str, raw_file: Path, opts: SmokeOptions) -> dict[str, Any]:
-    """Runs the headless Locust smoke load and summarizes its raw file (loadtests/raw_stats.py)."""
-    from loadtests.raw_stats import load_records, summarize
-
-    raw_file.parent.mkdir(parents=True, exist_ok=True)
-    cmd = smoke_command(base_url, model, raw_file, opts)
-    limit = opts.duration_s + opts.request_timeout_s + 60
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, check=False)
-    except subprocess.TimeoutExpired:
-        raise RolloutError(f"the smoke load did not finish within {limit:.0f} s") from None
-    if proc.returncode != 0 or not raw_file.is_file():
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
-        raise RolloutError(
-            f"the smoke load (locust) failed with exit code {proc.returncode}: {' | '.join(tail)}"
-        )
-    return summarize(load_records(raw_file))
+SmokeRunner = Callable[[str, str, Path, SmokeOptions], Mapping[str, Any]]
+"""Runs the smoke load against (base_url, served model name, raw file, options) and returns its summary
+(loadtests.raw_stats.summarize's shape). The CLI passes loadtests.smoke.run_smoke_load: the load
+generator lives in loadtests, which this layer does not import."""
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1128,7 +1034,7 @@ def rollout(
     ready_timeout_s: float = 900.0,
     poll_s: float = 2.0,
     connect: Callable[[str], ClusterAPI] = ServeCluster,
-    smoke_runner: Callable[[str, str, Path, SmokeOptions], Mapping[str, Any]] = run_smoke_load,
+    smoke_runner: SmokeRunner | None = None,
     say: Callable[[str], None] = _stderr,
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
 ) -> RolloutResult:
@@ -1137,8 +1043,8 @@ def rollout(
 
     Bad inputs (unknown env, unknown key, plan that does not fit, malformed address) raise ConfigError or
     RolloutError before any network call; an unreachable cluster or an app in the way raise before any
-    deploy (see prepare). smoke=None gates on readiness alone. dry_run reads the cluster, says what would
-    happen, and deploys and writes nothing.
+    deploy (see prepare). smoke=None gates on readiness alone; otherwise smoke_runner runs the load.
+    dry_run reads the cluster, says what would happen, and deploys and writes nothing.
     """
     prep, api = prepare(env, address, config_files=config_files, config_dir=config_dir, connect=connect)
     for line in describe(prep):
@@ -1157,6 +1063,10 @@ def rollout(
             prep.update,
             "dry run: nothing changed",
         )
+    if smoke is not None and smoke_runner is None:
+        raise ValueError(
+            "rollout(smoke=...) needs smoke_runner (the CLI passes loadtests.smoke.run_smoke_load)"
+        )
     return _execute(prep, api, state_path, smoke, ready_timeout_s, poll_s, smoke_runner, say, now())
 
 
@@ -1167,7 +1077,7 @@ def _execute(
     smoke: SmokeOptions | None,
     ready_timeout_s: float,
     poll_s: float,
-    smoke_runner: Callable[[str, str, Path, SmokeOptions], Mapping[str, Any]],
+    smoke_runner: SmokeRunner | None,
     say: Callable[[str], None],
     started: datetime,
 ) -> RolloutResult:
@@ -1255,7 +1165,7 @@ def _smoke_gate(
     prep: Prepared,
     smoke: SmokeOptions,
     raw_file: Path,
-    smoke_runner: Callable[[str, str, Path, SmokeOptions], Mapping[str, Any]],
+    smoke_runner: SmokeRunner,
     say: Callable[[str], None],
 ) -> tuple[GateResult, str | None]:
     cfg = prep.cfg

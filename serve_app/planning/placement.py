@@ -4,8 +4,8 @@
 
 1. enumerates the tensor-parallel sizes vLLM accepts within one node (1, 2, 4, 8 dividing the attention heads,
    KV heads and MLP widths; a user-given size is the only candidate);
-2. sizes each one with the memory model (:mod:`serve_app.memory`): weights, activation peak, runtime buffers,
-   draft model, and the KV blocks left;
+2. sizes each one with the memory model (:mod:`serve_app.planning.memory`): weights, activation peak,
+   runtime buffers, draft model, and the KV blocks left;
 3. estimates TPOT and TTFT with a roofline latency model (below) and finds, per size, the highest concurrency
    per replica that meets the SLO within what the KV cache holds;
 4. picks the size with the most output tokens per second per GPU among those that meet the SLO: a model that
@@ -41,9 +41,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, field_validator, model_validator
 
-from serve_app import catalogue
-from serve_app.catalogue import GpuSpec
-from serve_app.memory import (
+from serve_app.planning import catalogue
+from serve_app.planning.catalogue import GpuSpec
+from serve_app.planning.memory import (
     CUDA_CONTEXT_BYTES,
     GIB_BYTES,
     MemoryEstimate,
@@ -56,7 +56,7 @@ from serve_app.memory import (
     estimate_memory,
     padded_vocab_size,
 )
-from serve_app.model_shape import ModelShape
+from serve_app.planning.shape import ModelShape
 
 __all__ = [
     "ClusterSpec",

@@ -11,24 +11,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from serve_app.cli_rollout import register as register_rollout_commands
-from serve_app.config import (
-    APP_NAME_HINT,
-    APP_NAME_PATTERN,
-    ConfigError,
-    HeadroomConfig,
-    available_envs,
-    load_config_files,
-    load_env_config,
-)
+from serve_app.cli.common import err, fail, out
+from serve_app.cli.rollout_commands import register as register_rollout_commands
+from serve_app.config import ConfigError, HeadroomConfig, available_envs, load_config_files, load_env_config
+from serve_app.config.vocabulary import APP_NAME_HINT, APP_NAME_PATTERN
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Deploy vLLM on Ray Serve, within budget.")
 model_app = typer.Typer(no_args_is_help=True, help="The embedded models headroom generates itself.")
 app.add_typer(model_app, name="model")
-err = Console(stderr=True)
-out = Console()
 
 EnvOption = Annotated[
     str | None, typer.Option("--env", "-e", help="Environment: configs/base.yaml + configs/<env>.yaml.")
@@ -52,35 +43,30 @@ def _load(env: str | None, config: list[Path] | None) -> HeadroomConfig:
     return load_env_config(env or "local")
 
 
-def _fail(error: Exception) -> None:
-    err.print(f"[red]error:[/red] {error}", highlight=False)
-    raise typer.Exit(2)
-
-
 @app.command()
 def validate(env: EnvOption = None, config: ConfigOption = None) -> None:
     """Validate a config (schema, model files, draft-model compatibility) and print the merged result."""
-    from serve_app.model_files import resolve_models
+    from serve_app.models.resolve import resolve_models
 
     try:
         cfg = _load(env, config)
         resolve_models(cfg)
     except ConfigError as e:
-        _fail(e)
+        fail(e)
     out.print_json(cfg.model_dump_json())
 
 
 @app.command("engine-args")
 def engine_args(env: EnvOption = None, config: ConfigOption = None) -> None:
     """Print the `vllm serve` flags headroom gives the engine for a config."""
-    from serve_app.engine_args import PlannedEngine, vllm_cli_args
-    from serve_app.model_files import resolve_models
+    from serve_app.models.resolve import resolve_models
+    from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
 
     try:
         cfg = _load(env, config)
         models = resolve_models(cfg)
     except ConfigError as e:
-        _fail(e)
+        fail(e)
     planned = PlannedEngine(tensor_parallel_size=cfg.engine.tensor_parallel_size or 1)
     print(shlex.join(vllm_cli_args(cfg, models, planned)))
 
@@ -106,8 +92,8 @@ def plan(
     when it does not fit."""
     import json
 
-    from serve_app.planner import render_plan_table
-    from serve_app.planning import cluster_spec, plan_config
+    from serve_app.planning.from_config import cluster_spec, plan_config
+    from serve_app.planning.placement import render_plan_table
 
     try:
         cfg = _load(env, config_files)
@@ -115,7 +101,7 @@ def plan(
             cfg, cluster_spec(cfg, nodes=nodes, gpus_per_node=gpus, gpu_memory_gib=gpu_memory_gib)
         )
     except ConfigError as e:
-        _fail(e)
+        fail(e)
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -136,15 +122,15 @@ def serve(
     """Deploy a config on Ray Serve (same as `serve run serve_app.app:build_app env=...`)."""
     try:
         cfg = _load(env, config)
-        from serve_app.app import build_from_config
+        from serve_app.serving.deployment import build_from_config
 
         application = build_from_config(cfg)
     except ConfigError as e:
-        _fail(e)
+        fail(e)
     import ray
     from ray import serve as ray_serve
 
-    from serve_app.serve_options import apply_cluster_env
+    from serve_app.serving.serve_options import apply_cluster_env
 
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:  # a local cluster starts from this process's environment
@@ -214,7 +200,7 @@ def ladder(
     try:
         cfg = _load(env, config_files)
     except ConfigError as e:
-        _fail(e)
+        fail(e)
     report = run_ladder(
         cfg,
         profile,
@@ -229,11 +215,10 @@ def ladder(
         http_port=http_port,
     )
     rec = report["recommendation"]
-    out_console = Console()
-    out_console.print(
+    typer.echo(
         f"recommended max_num_seqs {rec['max_num_seqs']}, features: {', '.join(rec['features']) or 'none'}"
     )
-    out_console.print(f"report: {out / 'report.md'}")
+    typer.echo(f"report: {out / 'report.md'}")
 
 
 @model_app.command("prepare")
@@ -241,13 +226,15 @@ def model_prepare(
     names: Annotated[list[str] | None, typer.Argument(help="Embedded models; default all.")] = None,
 ) -> None:
     """Generate the embedded models (deterministic, offline) into $HEADROOM_HOME (~/.cache/headroom)."""
-    from serve_app.tiny_model import EMBEDDED_MODELS, EMBEDDED_PREFIX, ensure_embedded_model
+    from serve_app.config.vocabulary import EMBEDDED_PREFIX
+    from serve_app.models.embedded import ensure_embedded_model
+    from serve_app.planning.catalogue import EMBEDDED_MODELS
 
     for name in names or sorted(EMBEDDED_MODELS):
         try:
             path = ensure_embedded_model(name if name.startswith(EMBEDDED_PREFIX) else EMBEDDED_PREFIX + name)
         except ValueError as e:
-            _fail(e)
+            fail(e)
         print(f"{EMBEDDED_PREFIX}{name.removeprefix(EMBEDDED_PREFIX)}\t{path}")
 
 

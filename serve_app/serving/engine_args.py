@@ -11,16 +11,8 @@ import json
 from dataclasses import dataclass
 
 from serve_app.config import HeadroomConfig
-
-GIB = 1024**3
-
-
-@dataclass(frozen=True)
-class ResolvedModels:
-    """Local paths of the target and draft model, once `embedded:` names have been generated."""
-
-    model_path: str
-    draft_path: str | None = None
+from serve_app.config.vocabulary import GIB_BYTES
+from serve_app.models.resolve import ResolvedModels
 
 
 def speculative_config(cfg: HeadroomConfig, draft_path: str | None) -> dict | None:
@@ -75,7 +67,7 @@ def vllm_cli_args(
     if cfg.resources.accelerator == "cpu":
         # The CPU backend sizes its KV cache from this (gpu_memory_utilization would reserve a share of RAM).
         if e.cpu_kv_cache_space_gib is not None:
-            args += ["--kv-cache-memory-bytes", str(int(e.cpu_kv_cache_space_gib * GIB))]
+            args += ["--kv-cache-memory-bytes", str(int(e.cpu_kv_cache_space_gib * GIB_BYTES))]
     else:
         args += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
         args += ["--tensor-parallel-size", str(planned.tensor_parallel_size)]

@@ -17,8 +17,8 @@ import os
 import shutil
 from pathlib import Path
 
-from serve_app import catalogue
-from serve_app.tiny_model import GENERATOR_VERSION, build_tokenizer, cache_root
+from serve_app.models.embedded import GENERATOR_VERSION, build_tokenizer, cache_root
+from serve_app.planning import catalogue
 
 
 def shape_dir(name: str, root: Path | None = None) -> Path:

@@ -10,7 +10,7 @@ import time
 
 from starlette.routing import Match
 
-from serve_app.metrics import TIMED_PATHS, ServingMetrics, request_started_at
+from serve_app.serving.metrics import TIMED_PATHS, ServingMetrics, request_started_at
 
 
 def openai_error_body(message: str, status: int, error_type: str) -> bytes:

@@ -14,10 +14,16 @@ import hashlib
 import json
 import os
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
-EMBEDDED_PREFIX = "embedded:"
+from serve_app.planning.catalogue import (
+    EMBEDDED_MAX_POSITION_EMBEDDINGS,
+    EMBEDDED_MODELS,
+    EMBEDDED_VOCAB_SIZE,
+    embedded_config,
+    embedded_name,
+)
+
 # Bump when anything below changes what is generated; the cache directory is keyed on it.
 GENERATOR_VERSION = 1
 
@@ -29,42 +35,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-@dataclass(frozen=True)
-class TinyShape:
-    """The few numbers that make a Qwen3 model tiny. head_dim 32/64 are CPU-attention sizes vLLM supports."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    seed: int
-
-
-EMBEDDED_MODELS: dict[str, TinyShape] = {
-    "tiny-qwen3": TinyShape(128, 384, 2, 4, 2, 32, seed=1),
-    # The draft shares the tokenizer and the architecture family (the seeds' requirement for draft_model).
-    "tiny-qwen3-draft": TinyShape(64, 192, 1, 2, 1, 32, seed=2),
-}
-VOCAB_SIZE = 2048
-MAX_POSITION_EMBEDDINGS = 4096
-
-
-def is_embedded(source: str) -> bool:
-    return source.startswith(EMBEDDED_PREFIX)
-
-
-def embedded_name(source: str) -> str:
-    name = source.removeprefix(EMBEDDED_PREFIX)
-    if name not in EMBEDDED_MODELS:
-        raise ValueError(
-            f"unknown embedded model {source!r}; available: "
-            + ", ".join(EMBEDDED_PREFIX + n for n in sorted(EMBEDDED_MODELS))
-        )
-    return name
 
 
 def cache_root() -> Path:
@@ -174,7 +144,7 @@ def build_tokenizer(out_dir: Path) -> int:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - 64,  # leave room below the model's vocab for added tokens
+        vocab_size=EMBEDDED_VOCAB_SIZE - 64,  # leave room below the model's vocab for added tokens
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte is encodable
         show_progress=False,
@@ -186,7 +156,7 @@ def build_tokenizer(out_dir: Path) -> int:
         pad_token="<|endoftext|>",
         unk_token=None,
         additional_special_tokens=SPECIAL_TOKENS,
-        model_max_length=MAX_POSITION_EMBEDDINGS,
+        model_max_length=EMBEDDED_MAX_POSITION_EMBEDDINGS,
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -205,15 +175,7 @@ def build_model(name: str, out_dir: Path) -> None:
     shape = EMBEDDED_MODELS[name]
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
     config = Qwen3Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        head_dim=shape.head_dim,
-        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
-        tie_word_embeddings=True,
+        **embedded_config(name),
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.pad_token_id,

@@ -1,0 +1,41 @@
+"""headroom's configuration: vocabulary, schema, errors and loading (pure: no ray, vllm or torch)."""
+
+from serve_app.config.errors import ConfigError
+from serve_app.config.loading import (
+    DEFAULT_CONFIG_DIR,
+    available_envs,
+    deep_merge,
+    load_config,
+    load_config_files,
+    load_env_config,
+    load_yaml,
+    parse_config,
+)
+from serve_app.config.schema import (
+    DeploymentSection,
+    EngineSection,
+    HeadroomConfig,
+    ModelSection,
+    ResourcesSection,
+    SLOSection,
+    SpeculativeSection,
+)
+
+__all__ = [
+    "DEFAULT_CONFIG_DIR",
+    "ConfigError",
+    "DeploymentSection",
+    "EngineSection",
+    "HeadroomConfig",
+    "ModelSection",
+    "ResourcesSection",
+    "SLOSection",
+    "SpeculativeSection",
+    "available_envs",
+    "deep_merge",
+    "load_config",
+    "load_config_files",
+    "load_env_config",
+    "load_yaml",
+    "parse_config",
+]

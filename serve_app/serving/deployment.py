@@ -1,0 +1,104 @@
+"""The Ray Serve deployment: replicas that each own a vLLM engine and serve its OpenAI API.
+
+The HTTP proxy routes straight to an engine replica (one hop); the replica's ASGI app is vLLM's own
+OpenAI server app. `serve_app.app:build_app` (the import path users and rendered Serve configs name) is
+`build_app` here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve import Application
+
+from autoscale.replica_stats import ReplicaStatsWindow
+from serve_app.config import HeadroomConfig, load_config_files, load_env_config, parse_config
+from serve_app.models.resolve import resolve_models
+from serve_app.planning.from_config import plan_config, planning_cluster, require_fit
+from serve_app.planning.placement import ClusterSpec
+from serve_app.serving.engine import build_openai_app, parse_serve_args, start_engine
+from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
+from serve_app.serving.metrics import ServingMetrics
+from serve_app.serving.serve_options import deployment_options
+
+
+@serve.ingress()
+class LLMServer:
+    """A replica: one vLLM AsyncLLM engine and vLLM's OpenAI app bound to it."""
+
+    async def __init__(self, config: dict[str, Any], planned: dict[str, Any]):
+        cfg = parse_config(config, source="deployment")
+        # Resolved here, not on the driver: the replica's node has its own model cache.
+        models = resolve_models(cfg)
+        self._args = parse_serve_args(vllm_cli_args(cfg, models, PlannedEngine(**planned)))
+        ctx = serve.get_replica_context()
+        window_s = cfg.deployment.autoscaling.window_s if cfg.deployment.autoscaling else 30.0
+        self._metrics = ServingMetrics(
+            {
+                "application": ctx.app_name,
+                "deployment": ctx.deployment,
+                "replica": ctx.replica_tag,
+                "model": cfg.served_model_name,
+            },
+            ReplicaStatsWindow(window_s),
+        )
+        self._engine = await start_engine(self._args, self._metrics)
+
+    async def __serve_build_asgi_app__(self):
+        return await build_openai_app(self._engine, self._args, self._metrics)
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """What the autoscaling policy reads for this replica (autoscale/replica_stats.py)."""
+        return self._metrics.window.report(time.time())
+
+    async def check_health(self) -> None:
+        # Raises once the engine core process is gone, so Serve replaces this replica.
+        await self._engine.check_health()
+
+    def __del__(self):
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+
+def live_cluster(cfg: HeadroomConfig) -> ClusterSpec:
+    """The connected Ray cluster as the planner sees it: GPU nodes and GPUs per node."""
+    if cfg.resources.accelerator == "cpu":
+        return planning_cluster(cfg)
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"))
+    gpus = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
+    return planning_cluster(cfg, live_gpus_per_node=gpus)
+
+
+def build_from_config(cfg: HeadroomConfig, cluster: ClusterSpec | None = None) -> Application:
+    """The Serve application for a validated config, as the plan places it.
+
+    Model files, draft compatibility and the plan are all checked here, so a config that cannot run is
+    refused before anything is deployed.
+    """
+    models = resolve_models(cfg)
+    result = plan_config(cfg, cluster or live_cluster(cfg), models.model_path, models.draft_path)
+    require_fit(result)
+    planned = PlannedEngine(result.tensor_parallel_size, result.max_num_seqs)
+    deployment = serve.deployment(LLMServer).options(name="LLMServer", **deployment_options(cfg, result))
+    return deployment.bind(cfg.model_dump(mode="json"), asdict(planned))
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Application builder for `serve run serve_app.app:build_app env=<env>` or `config=<a.yaml,b.yaml>`,
+    and for a Serve config rendered by `headroom render`/`rollout`, whose args.config is the merged config
+    itself (a mapping; args.headroom, its env and hash, is metadata for `headroom status`)."""
+    if isinstance(args.get("config"), Mapping):
+        cfg = parse_config(args["config"], source="args.config of the rendered Serve config")
+    elif "config" in args:
+        cfg = load_config_files(*args["config"].split(","))
+    else:
+        cfg = load_env_config(args.get("env", "local"))
+    return build_from_config(cfg)
