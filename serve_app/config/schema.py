@@ -32,6 +32,7 @@ from serve_app.config.vocabulary import (
     KVCacheDtype,
     ModelDtype,
     Quantization,
+    Routing,
     SpeculativeMethod,
     TensorParallelSize,
 )
@@ -353,6 +354,17 @@ class DeploymentSection(BaseModel):
             "Ray Serve's admission limit per replica: requests beyond it wait in Serve instead of the "
             "engine queue. Set it at or a little above engine.max_num_seqs, so batches stay full while "
             "overload stays visible to the autoscaler."
+        ),
+    )
+    routing: Routing = Field(
+        default="least_loaded",
+        description=(
+            "How requests are spread over replicas. 'least_loaded': HAProxy sends each request straight to "
+            "the replica with the fewest connections (one hop). 'prefix_affinity': a small router tells "
+            "HAProxy, per POST, the replica that served the same session, conversation opening or prompt "
+            "start before (rendezvous hashing), unless that replica is over its bounded share of the load, "
+            "so prefixes meet a warm prefix cache; it costs one side call per POST (a few ms) and pays with "
+            "2+ replicas and multi-turn or session traffic."
         ),
     )
     health_check_period_s: float = Field(

@@ -51,6 +51,15 @@ def drafts_in_one_pass(method: str, parallel_drafting: bool) -> bool:
     return method in ALWAYS_PARALLEL_METHODS or (parallel_drafting and method in PARALLEL_DRAFTING_METHODS)
 
 
+# --- routing across replicas ---------------------------------------------------------------------------
+Routing = Literal["least_loaded", "prefix_affinity"]
+"""How a request picks its replica: HAProxy's least connections (one hop), or by the prefix it shares with
+earlier requests (serving/routing.py), for prefix-cache hits."""
+RoutingDecision = Literal["preferred", "spilled", "no_key"]
+"""What prefix-affinity routing did with one request: its key's preferred replica, another one because the
+preferred was over its bounded share, or the least loaded because the request had no key."""
+
+
 # --- model sources --------------------------------------------------------------------------------------
 EMBEDDED_PREFIX = "embedded:"
 """``model.source`` prefix of the models headroom generates itself (``embedded:tiny-qwen3``)."""
