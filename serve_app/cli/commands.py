@@ -120,6 +120,11 @@ def serve(
     blocking: Annotated[bool, typer.Option(help="Keep running until Ctrl-C, then shut the app down.")] = True,
 ) -> None:
     """Deploy a config on Ray Serve (same as `serve run serve_app.app:build_app env=...`)."""
+    from serve_app.serving.serve_options import apply_cluster_env
+
+    # Before Ray Serve is imported: it reads its settings then, and this process checks some of them (an
+    # app with a prefix router needs HAProxy ingress). A local cluster starts from this environment too.
+    apply_cluster_env(os.environ)
     try:
         cfg = _load(env, config)
         from serve_app.serving.deployment import build_from_config
@@ -130,11 +135,7 @@ def serve(
     import ray
     from ray import serve as ray_serve
 
-    from serve_app.serving.serve_options import apply_cluster_env
-
     address = address or os.environ.get("RAY_ADDRESS")
-    if not address:  # a local cluster starts from this process's environment
-        apply_cluster_env(os.environ)
     ray.init(address=address, ignore_reinit_error=True)
     ports = sorted({n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]})
     err.print(

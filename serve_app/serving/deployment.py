@@ -25,6 +25,7 @@ from serve_app.planning.placement import ClusterSpec
 from serve_app.serving.engine import build_openai_app, parse_serve_args, start_engine
 from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
 from serve_app.serving.metrics import ServingMetrics
+from serve_app.serving.prefix_router import with_prefix_router
 from serve_app.serving.serve_options import deployment_options
 
 
@@ -88,7 +89,10 @@ def build_from_config(cfg: HeadroomConfig, cluster: ClusterSpec | None = None) -
     require_fit(result)
     planned = PlannedEngine(result.tensor_parallel_size, result.max_num_seqs)
     deployment = serve.deployment(LLMServer).options(name="LLMServer", **deployment_options(cfg, result))
-    return deployment.bind(cfg.model_dump(mode="json"), asdict(planned))
+    args = (cfg.model_dump(mode="json"), asdict(planned))
+    if cfg.deployment.routing == "prefix_affinity":
+        return with_prefix_router(deployment, *args)
+    return deployment.bind(*args)
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -28,6 +28,19 @@ SERVE_CLUSTER_ENV = {
     "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
 }
 
+# deployment.routing: prefix_affinity (serving/prefix_router.py): HAProxy hands the router the request body
+# (its key is in there), buffered up to 256 KiB: a chat of tens of thousands of tokens, at a bounded cost
+# (HAProxy's buffer size is global once a router exists, two per connection: at its 4096 connections, 2 GiB
+# at most; Ray's default of 8 MiB, 64 GiB). A longer body reaches the router cut short, is not JSON and is
+# routed by load alone; the replica still gets all of it. A POST whose router cannot be reached fails, so
+# every HAProxy node runs two routers (HAProxy tries the other). All take effect only in an app with a router.
+ROUTING_CLUSTER_ENV = {
+    "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY": "1",
+    "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE": str(256 * 1024),
+    "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE": "2",
+}
+SERVE_CLUSTER_ENV.update(ROUTING_CLUSTER_ENV)
+
 
 def apply_cluster_env(environ: dict[str, str]) -> None:
     """Sets SERVE_CLUSTER_ENV in `environ` where the user has not chosen otherwise."""
