@@ -16,6 +16,7 @@ Options (Locust's --help lists only its own; environment variables in brackets):
   --ignore-eos B      send vLLM's ignore_eos (default true: every request generates max_tokens)
   --tokens-per-word X prompt sizing, default 1.3; `auto` asks vLLM's /tokenize (tiny-qwen3: ~4.4)
   --input-tokens N    random's prompt length; --prefix-tokens N: shared-prefix's system prompt length
+                      [HEADROOM_PREFIX_TOKENS]
   --request-timeout S read timeout (default 600); --api-key K [OPENAI_API_KEY]; --extra-body JSON
   --ladder, --arrival-rate, --burstiness, --max-in-flight: the load shape (loadtests/shapes.py):
                       `--ladder 1:30,4:30,16:30` (closed-loop concurrency steps) or
@@ -151,6 +152,7 @@ def _add_arguments(parser: Any) -> None:
         "--prefix-tokens",
         type=int,
         default=workloads.DEFAULT_PREFIX_TOKENS,
+        env_var="HEADROOM_PREFIX_TOKENS",
         help="shared-prefix: system prompt length, tokens",
     )
     group.add_argument(
