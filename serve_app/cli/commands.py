@@ -93,7 +93,7 @@ def plan(
     import json
 
     from serve_app.planning.from_config import cluster_spec, plan_config
-    from serve_app.planning.placement import render_plan_table
+    from serve_app.planning.result import render_plan_table
 
     try:
         cfg = _load(env, config_files)

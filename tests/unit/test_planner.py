@@ -10,16 +10,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from serve_app.config import WorkloadSection
 from serve_app.planning import catalogue
+from serve_app.planning.latency import estimate_latency
 from serve_app.planning.memory import estimate_memory
-from serve_app.planning.placement import (
-    ClusterSpec,
-    Plan,
-    PlanRequest,
-    estimate_latency,
-    plan,
-    render_plan_table,
-)
+from serve_app.planning.placement import ClusterSpec, Plan, PlanRequest, plan
+from serve_app.planning.result import render_plan_table
 
 
 def request(
@@ -65,9 +61,7 @@ SCENARIOS = [
     ),
     Scenario(
         "8b-two-nodes-of-four",
-        request(
-            QWEN8, gpus=4, nodes=2, max_model_len=8192, typical_prompt_tokens=1024, typical_output_tokens=256
-        ),
+        request(QWEN8, gpus=4, nodes=2, max_model_len=8192, workload=WorkloadSection(prompt_tokens=2048)),
         True,
         1,
         8,
@@ -85,8 +79,8 @@ SCENARIOS = [
         "70b-eight-h100-must-shard",
         request(LLAMA70, gpu="H100-80GB", gpus=8, max_model_len=8192, ttft_p95_ms=2000, tpot_p50_ms=50),
         True,
-        8,
-        1,
+        4,
+        2,
         "the model does not fit one GPU",
     ),
     Scenario(
@@ -111,7 +105,7 @@ SCENARIOS = [
         True,
         2,
         1,
-        "max_num_seqs lowered from 256 to 2",
+        "max_num_seqs lowered from 256 to 19",
     ),
     Scenario(
         "moe-30b-a3b-fits-one-h100",
@@ -151,7 +145,7 @@ SCENARIOS = [
         True,
         1,
         1,
-        "max_num_seqs lowered from 256 to 2",
+        "max_num_seqs lowered from 256 to 18",
     ),
     Scenario(
         "unreachable-slo-picks-closest",
@@ -214,7 +208,13 @@ def test_seed_pitfall_unquantized_512_seqs_long_context_is_refused_with_numbers(
     assert "10.00 GiB KV cache is needed per GPU" in reasons
     assert "larger than the available KV cache memory (8.41 GiB = 34,448 tokens)" in reasons
     assert "the largest max_model_len that fits is 34,432" in reasons
-    assert "max_num_seqs=512 requests of 40,960 tokens need 5,120.00 GiB" in reasons
+    # The seeds' formula, KV cache = concurrency x context x bytes per token, at both lengths.
+    assert (
+        "max_num_seqs=512 sequences need 160.00 GiB of KV cache per GPU at the expected 1,280 tokens"
+        in reasons
+    )
+    assert "5,120.00 GiB at max_model_len 40,960" in reasons
+    assert "26.9 sequences at the expected context, 0 at max_model_len" in reasons
     # Which settings to change, each with its computed effect.
     assert "lower max_model_len to <= 34,432" in reasons
     assert "quantization='fp8' -> weights 31.97 GiB/GPU" in reasons
@@ -232,15 +232,55 @@ def test_weights_larger_than_gpu_refusal_names_budget_and_quantization() -> None
     assert p.to_json()["fits"] is False
 
 
+LONG = WorkloadSection(prompt_tokens=4096, output_tokens=1024)
+
+
+def test_max_num_seqs_is_lowered_to_the_expected_context_not_to_max_model_len() -> None:
+    lowered = plan(request(QWEN8, max_model_len=32768, max_num_seqs=512, workload=LONG))
+    # 794,064 KV tokens / 5,120 expected tokens = 155.1 sequences; 24 if all reached 32,768 tokens.
+    assert lowered.fits and lowered.max_num_seqs == 155 and lowered.max_num_seqs_without_preemption == 24
+    assert "max_num_seqs lowered from 512 to 155" in text(lowered)
+    assert "155 x 32,768 tokens x 147,456 bytes = 697.50 GiB" in text(lowered)
+
+
 def test_strict_max_num_seqs_refuses_instead_of_lowering() -> None:
-    lowered = plan(request(QWEN8, max_model_len=32768, max_num_seqs=512))
-    assert lowered.fits and lowered.max_num_seqs == 24
-    assert "max_num_seqs lowered from 512 to 24" in text(lowered)
-    strict = plan(request(QWEN8, max_model_len=32768, max_num_seqs=512, require_max_num_seqs=True))
-    assert not strict.fits
-    assert "at most 24 fit at max_model_len (require_max_num_seqs is set" in text(strict)
-    assert "lower max_num_seqs to <= 24" in text(strict)
-    assert "room for 25.7 of the 512 requests, still short" in text(strict)  # fp8 weights do not rescue it
+    strict = plan(
+        request(QWEN8, max_model_len=32768, max_num_seqs=512, workload=LONG, require_max_num_seqs=True)
+    )
+    assert not strict.fits and strict.replicas == 0
+    assert (
+        "155.1 sequences at the expected context, 24 at max_model_len (require_max_num_seqs is set"
+        in text(strict)
+    )
+    assert "lower max_num_seqs to <= 155" in text(strict)
+    assert "room for 164.3 of the 512 sequences, still short" in text(strict)  # fp8 weights do not rescue it
+    assert "tensor_parallel_size=4 fits" in text(strict)
+
+
+@pytest.mark.parametrize(
+    ("model", "max_model_len", "without_preemption"),
+    [
+        # Issue 12: bare vLLM runs Qwen3-8B at 256 sequences on an H200; the planner used to cap it at 96.
+        (QWEN8, 8192, 96),
+        ("meta-llama/Llama-3.1-8B-Instruct", 16384, 54),
+        # 387 fit even at max_model_len: nothing counts on preemption.
+        (QWEN8, 2048, 387),
+    ],
+)
+def test_max_num_seqs_counts_on_preemption_and_reports_the_guarantee(
+    model: str, max_model_len: int, without_preemption: int
+) -> None:
+    p = plan(request(model, max_model_len=max_model_len))
+    assert p.fits and p.max_num_seqs == 256
+    assert p.max_num_seqs_without_preemption == without_preemption
+    assert p.to_json()["max_num_seqs_without_preemption"] == without_preemption
+    counts_on_preemption = [w for w in p.warnings if "counts on preemption" in w]
+    if without_preemption < 256:
+        assert len(counts_on_preemption) == 1
+        assert f"256 x {max_model_len:,} tokens" in counts_on_preemption[0]
+        assert f"set max_num_seqs <= {without_preemption}" in counts_on_preemption[0]
+    else:
+        assert counts_on_preemption == []
 
 
 def test_cpu_refusal_names_the_cpu_knob() -> None:
@@ -263,26 +303,23 @@ def test_kv_numbers_of_the_reference_config() -> None:
 
 
 def test_prefix_reuse_and_typical_length_raise_concurrency() -> None:
-    base = plan(
-        request(QWEN8, gpu="L40S", max_model_len=8192, typical_prompt_tokens=2048, typical_output_tokens=256)
-    )
-    reuse = plan(
-        request(
-            QWEN8,
-            gpu="L40S",
-            max_model_len=8192,
-            typical_prompt_tokens=2048,
-            typical_output_tokens=256,
-            prefix_reuse_fraction=0.8,
-        )
-    )
-    assert base.max_concurrency_at_typical_length is not None
-    assert reuse.max_concurrency_at_typical_length is not None
-    assert (
-        base.max_concurrency_at_typical_length > base.max_concurrency_per_replica
-    )  # shorter than max_model_len
-    assert reuse.max_concurrency_at_typical_length > 3 * base.max_concurrency_at_typical_length
+    base = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=WorkloadSection(prompt_tokens=2048)))
+    shared = WorkloadSection(prompt_tokens=2048, prefix_reuse_fraction=0.8)
+    reuse = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=shared))
+    assert base.expected_context_tokens == 2048 + 256
+    # Shorter than max_model_len, so more sequences fit than at max_model_len.
+    assert base.max_concurrency_at_expected_context > base.max_concurrency_per_replica
+    assert reuse.max_concurrency_at_expected_context > 3 * base.max_concurrency_at_expected_context
     assert reuse.max_num_seqs > base.max_num_seqs
+
+
+def test_prefix_reuse_counts_only_with_prefix_caching() -> None:
+    shared = WorkloadSection(prompt_tokens=2048, prefix_reuse_fraction=0.8)
+    on = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=shared))
+    off = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=shared, enable_prefix_caching=False))
+    plain = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=WorkloadSection(prompt_tokens=2048)))
+    assert off.max_concurrency_at_expected_context == plain.max_concurrency_at_expected_context
+    assert on.max_concurrency_at_expected_context > off.max_concurrency_at_expected_context
 
 
 def test_fp8_kv_cache_doubles_kv_tokens() -> None:
