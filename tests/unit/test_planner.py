@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from serve_app.config import WorkloadSection
+from serve_app.config import WorkloadSection, parse_config
 from serve_app.planning import catalogue
+from serve_app.planning.from_config import cluster_spec, plan_request
 from serve_app.planning.latency import estimate_latency
 from serve_app.planning.memory import estimate_memory
 from serve_app.planning.placement import ClusterSpec, Plan, PlanRequest, plan
@@ -365,6 +366,62 @@ def test_latency_model_is_monotonic_and_tp_speeds_decode() -> None:
     assert estimate_latency(req, tp2, gpu, 1).decode_step_ms < low.decode_step_ms
 
 
+def test_latency_model_times_the_workloads_request() -> None:
+    gpu = catalogue.gpu("H200")
+    short = request(QWEN8, max_model_len=8192)
+    long = request(QWEN8, max_model_len=8192, workload=WorkloadSection(prompt_tokens=4096))
+    mem = estimate_memory(short.memory_inputs(1))
+    assert (
+        estimate_latency(long, mem, gpu, 8).ttft_p95_ms > 2 * estimate_latency(short, mem, gpu, 8).ttft_p95_ms
+    )
+
+
+def test_parallel_drafting_reaches_the_latency_model() -> None:
+    spec = dict(
+        speculative_method="draft_model",
+        num_speculative_tokens=4,
+        draft_model=catalogue.shape("Qwen/Qwen3-0.6B"),
+        max_model_len=8192,
+    )
+    serial, parallel = request(QWEN8, **spec), request(QWEN8, **spec, parallel_drafting=True)
+    gpu, mem = catalogue.gpu("H200"), estimate_memory(serial.memory_inputs(1))
+    one_pass = estimate_latency(parallel, mem, gpu, 1).decode_step_ms
+    four_passes = estimate_latency(serial, mem, gpu, 1).decode_step_ms
+    # Four drafter passes of a 0.6B model (~1.2 GB read + 0.3 ms each) against one.
+    assert four_passes - one_pass == pytest.approx(3 * (1.19e9 / 3.6e12 * 1e3 + 0.3), rel=0.1)
+
+
+def test_config_reaches_the_plan_request() -> None:
+    cfg = parse_config(
+        {
+            "model": {"source": QWEN8, "max_model_len": 8192},
+            "engine": {
+                "enable_prefix_caching": False,
+                "speculative": {
+                    "method": "draft_model",
+                    "num_speculative_tokens": 3,
+                    "draft_model": "Qwen/Qwen3-0.6B",
+                    "parallel_drafting": True,
+                },
+            },
+            "resources": {"gpu_type": "H200"},
+            "workload": {"prompt_tokens": 2000, "output_tokens": 100, "prefix_reuse_fraction": 0.5},
+        }
+    )
+    req = plan_request(cfg, cluster_spec(cfg))
+    assert req.parallel_drafting and req.speculative is not None and req.speculative.parallel_drafting
+    assert req.workload == cfg.workload and req.expected_context_tokens == 2100
+    assert req.prefix_reuse_fraction == 0.0  # prefix caching is off: nothing is shared
+
+
+def test_a_large_overshoot_is_lowered_not_refused() -> None:
+    """vLLM serves 256 sequences on an L4 by preempting; the planner lowers it to what the cache holds."""
+    p = plan(request(QWEN8, gpu="L4", max_model_len=8192))
+    assert p.fits and p.max_num_seqs == 18 and p.max_num_seqs_without_preemption == 2
+    strict = plan(request(QWEN8, gpu="L4", max_model_len=8192, require_max_num_seqs=True))
+    assert not strict.fits and "lower max_num_seqs to <= 18 or unset require_max_num_seqs" in text(strict)
+
+
 def test_to_json_keys_and_round_trip() -> None:
     p = plan(request(QWEN8, gpus=2, max_model_len=8192, ttft_p95_ms=1000, tpot_p50_ms=50))
     d = p.to_json()
@@ -391,6 +448,9 @@ def test_to_json_keys_and_round_trip() -> None:
 def test_render_plan_table() -> None:
     table = render_plan_table(plan(request(QWEN8, max_model_len=8192)))
     assert "tensor_parallel_size" in table and "KV cache per replica" in table and "reason:" in table
+    assert "max_num_seqs            256 (sized for 1,280-token sequences)" in table
+    assert "  without preemption    96 (all at max_model_len)" in table
+    assert "  at expected context   620.36 at 1,280 tokens" in table
     refused = render_plan_table(plan(request(LLAMA70, gpu="H100-80GB", max_model_len=8192)))
     assert "fits" in refused and "NO" in refused and "won't fit" in refused
 
