@@ -49,6 +49,7 @@ from serve_app.planning.refusal import refuse, refuse_invalid_tp
 from serve_app.planning.request import CPU_KV_CACHE_SPACE_DEFAULT_GIB, ClusterSpec, PlanRequest
 from serve_app.planning.result import Plan, build_plan, gib_text, workload_text
 
+# The planner's inputs and output are importable from here too (serving and rollout import them so).
 __all__ = ["ClusterSpec", "Plan", "PlanRequest", "plan"]
 
 # Larger TP must beat smaller TP by more than 5 % output tokens/s/GPU to be chosen.
