@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class WorkloadSection(BaseModel):
-    """The expected request: prompt and output lengths, and the share of the prompt all requests share."""
+    """The traffic planned for: typical prompt and output lengths, and the prefix all prompts share."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
