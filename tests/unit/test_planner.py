@@ -303,7 +303,7 @@ def test_kv_numbers_of_the_reference_config() -> None:
     assert p.weights_gib_per_gpu == pytest.approx(15.27, rel=0.01)
 
 
-def test_prefix_reuse_and_typical_length_raise_concurrency() -> None:
+def test_prefix_reuse_and_expected_context_raise_concurrency() -> None:
     base = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=WorkloadSection(prompt_tokens=2048)))
     shared = WorkloadSection(prompt_tokens=2048, prefix_reuse_fraction=0.8)
     reuse = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=shared))
