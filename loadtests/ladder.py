@@ -48,8 +48,9 @@ from loadtests.ladder_results import (
     spec_decode_counts,
 )
 from loadtests.machine import describe
-from loadtests.measure import STEP_WARMUP_S, locust_command
+from loadtests.measure import STEP_WARMUP_S
 from loadtests.processes import serve_replicas
+from loadtests.smoke import locust_command
 from loadtests.streaming_client import run_load
 from serve_app.config import HeadroomConfig, deep_merge, parse_config
 from serve_app.config.vocabulary import GIB_BYTES, SPECULATIVE_METHODS, is_embedded
@@ -414,18 +415,20 @@ def run_locust(target: str, plan: LadderPlan, profile: str, steps_spec: str, raw
     flags: dict[str, str | int | float] = {
         "--ladder": steps_spec,
         "--stop-ttft-p95-ms": plan.ttft_slo_ms,
-        "--model": plan.model,
         "--profile": profile,
         "--max-tokens": plan.max_tokens,
         "--seed": plan.seed,
         "--request-timeout": REQUEST_TIMEOUT_S,
-        "--raw-file": str(raw),
     }
     limit_s = sum(s.duration_s for s in workloads.parse_steps(steps_spec)) + REQUEST_TIMEOUT_S + 60
     # Locust exits 1 when any request failed; failures are data here (the error-rate column), so only a
     # run that produced no raw file is an error. subprocess.run kills Locust if this process is stopped.
     result = subprocess.run(
-        locust_command(target, flags), capture_output=True, text=True, timeout=limit_s, check=False
+        locust_command(target, plan.model, raw, flags),
+        capture_output=True,
+        text=True,
+        timeout=limit_s,
+        check=False,
     )
     if not raw.exists():
         raise RuntimeError(f"locust wrote no results (exit {result.returncode}): {result.stderr[-2000:]}")

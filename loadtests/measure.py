@@ -1,4 +1,4 @@
-"""The measurement core: one SSE parser, one definition of TTFT/TPOT/ITL, one percentile, one Locust command.
+"""The measurement core: one SSE parser, one definition of TTFT/TPOT/ITL, one percentile.
 
 Every load generator here measures through `StreamMeter`: the Locust users (loadtests/locustfile.py, hence
 the ladder and the rollout's smoke gate) and the asyncio streaming client behind the benchmarks
@@ -23,17 +23,14 @@ are tested with a fake clock, and sync (Locust) and async (httpx) clients share 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 Api = Literal["chat", "completions"]
 API_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 EMPTY_RESPONSE = "empty response: no chunk with generated text"
 # A ladder step's first seconds hold the previous step's requests still draining and the new users
 # ramping: its statistics (the Locust shape's SLO check, the ladder's report) count only requests sent
@@ -177,13 +174,3 @@ def after_warmup(starts_s: list[float], warmup_s: float) -> list[bool]:
         return [True] * len(starts_s)
     t0 = min(starts_s)
     return [s >= t0 + warmup_s for s in starts_s]
-
-
-def locust_command(host: str, flags: Mapping[str, str | int | float]) -> list[str]:
-    """The one headless Locust command line for loadtests/locustfile.py (the ladder, the smoke gate, tests):
-    summary only on stdout; `flags` are the locustfile's and Locust's own options, e.g. {"-u": 8}."""
-    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary"]
-    cmd += ["--host", host]
-    for flag, value in flags.items():
-        cmd += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    return cmd

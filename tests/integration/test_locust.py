@@ -30,8 +30,9 @@ import httpx
 import psutil
 import pytest
 
-from loadtests.measure import STEP_WARMUP_S, locust_command, percentile
+from loadtests.measure import STEP_WARMUP_S, percentile
 from loadtests.raw_stats import bucket_increase, histogram_quantile, is_success, load_records
+from loadtests.smoke import locust_command
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +41,13 @@ MAIN = {"application": "main"}
 TTFT = "ray_headroom_ttft_seconds"
 
 
-def run_locust(host: str, tmp: Path, *args: str, timeout_s: float = 180) -> tuple[list[dict], Path]:
-    """Runs a headless Locust test; returns the raw records and the CSV prefix."""
+def run_locust(
+    host: str, tmp: Path, *args: str, model: str = "fake", timeout_s: float = 180
+) -> tuple[list[dict], Path]:
+    """Runs a headless Locust test (the one command line, loadtests/smoke.py's); returns the raw records
+    and the CSV prefix."""
     prefix = tmp / "run"
-    cmd = locust_command(host, {"--csv": str(prefix), "--raw-file": str(tmp / "raw.jsonl")}) + list(args)
+    cmd = locust_command(host, model, tmp / "raw.jsonl", {"--csv": str(prefix)}) + list(args)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, (
         f"locust exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -135,7 +139,7 @@ def fake_server() -> Iterator[str]:
 def test_locust_measures_what_the_server_paced(fake_server, tmp_path, api):
     n = 8
     records, prefix = run_locust(
-        fake_server, tmp_path, "-u", "2", "-r", "2", "-t", "3s", "--model", "fake", "--api", api,
+        fake_server, tmp_path, "-u", "2", "-r", "2", "-t", "3s", "--api", api,
         "--profile", "structured", "--max-tokens", str(n),
     )  # fmt: skip
     assert len(records) >= 6
@@ -170,7 +174,7 @@ def test_locust_measures_what_the_server_paced(fake_server, tmp_path, api):
 
 def test_ladder_labels_each_request_with_its_step(fake_server, tmp_path):
     records, _ = run_locust(
-        fake_server, tmp_path, "--ladder", "1:3,3:3", "--model", "fake", "--profile", "random",
+        fake_server, tmp_path, "--ladder", "1:3,3:3", "--profile", "random",
         "--max-tokens", "4",
     )  # fmt: skip
     steps = {r["step"] for r in records}
@@ -185,7 +189,7 @@ def test_ladder_stops_at_the_first_step_over_the_slo(fake_server, tmp_path):
     # The fake server's TTFT is 200 ms: a 100 ms bound breaks at the first step, a 1000 ms one never.
     started = time.monotonic()
     records, _ = run_locust(
-        fake_server, tmp_path, "--ladder", "1:4,2:4,3:4", "--stop-ttft-p95-ms", "100", "--model", "fake",
+        fake_server, tmp_path, "--ladder", "1:4,2:4,3:4", "--stop-ttft-p95-ms", "100",
         "--profile", "random", "--max-tokens", "2",
     )  # fmt: skip
     assert time.monotonic() - started < 12  # the whole ladder takes 12 s
@@ -194,7 +198,7 @@ def test_ladder_stops_at_the_first_step_over_the_slo(fake_server, tmp_path):
     assert not second or max(second) - min(second) < STEP_WARMUP_S  # only the next step's warm-up
     (tmp_path / "raw.jsonl").unlink()
     records, _ = run_locust(
-        fake_server, tmp_path, "--ladder", "1:3,2:3", "--stop-ttft-p95-ms", "1000", "--model", "fake",
+        fake_server, tmp_path, "--ladder", "1:3,2:3", "--stop-ttft-p95-ms", "1000",
         "--profile", "random", "--max-tokens", "2",
     )  # fmt: skip
     assert {r["step"] for r in records} == {"c=1", "c=2"}
@@ -203,7 +207,7 @@ def test_ladder_stops_at_the_first_step_over_the_slo(fake_server, tmp_path):
 def test_open_loop_sends_on_the_seeded_schedule(fake_server, tmp_path):
     records, _ = run_locust(
         fake_server, tmp_path, "--arrival-rate", "8:4", "--max-in-flight", "8", "--seed", "5",
-        "--model", "fake", "--profile", "shared-prefix", "--prefix-tokens", "300", "--max-tokens", "4",
+        "--profile", "shared-prefix", "--prefix-tokens", "300", "--max-tokens", "4",
     )  # fmt: skip
     from loadtests.workloads import arrival_times, make_requests, parse_steps
 
@@ -276,8 +280,8 @@ def test_locust_matches_server_histograms(cluster, tmp_path):
     before_buckets = histogram(cluster, TTFT, **MAIN)
 
     records, prefix = run_locust(
-        cluster.base_url, tmp_path, "-u", "4", "-r", "4", "-t", "15s", "--model", "tiny-qwen3",
-        "--profile", "structured", "--max-tokens", "32",
+        cluster.base_url, tmp_path, "-u", "4", "-r", "4", "-t", "15s", "--profile", "structured",
+        "--max-tokens", "32", model="tiny-qwen3",
     )  # fmt: skip
 
     # The CSV and the raw file exist and agree.

@@ -1,20 +1,16 @@
-"""The measurement core: TTFT, TPOT, ITL and e2e from a streamed body with a fake clock; the percentile;
-the Locust command line."""
+"""The measurement core: TTFT, TPOT, ITL and e2e from a streamed body with a fake clock; the percentile."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 
 import pytest
 
 from loadtests.measure import (
     EMPTY_RESPONSE,
-    LOCUSTFILE,
     StreamMeter,
     after_warmup,
-    locust_command,
     percentile,
     tpot_s,
 )
@@ -94,10 +90,3 @@ def test_percentile_is_linear_between_order_statistics(q, expected):
 def test_warmup_keeps_requests_sent_after_the_first_seconds():
     assert after_warmup([5.0, 6.9, 7.0, 9.0], 2.0) == [False, False, True, True]
     assert after_warmup([5.0], 0.0) == [True]
-
-
-def test_locust_command():
-    cmd = locust_command("http://h:1", {"-u": 8, "--stop-ttft-p95-ms": 100.0, "--seed": 1000000, "-t": "5s"})
-    assert cmd[:6] == [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless"]
-    assert cmd[6:] == ["--only-summary", "--host", "http://h:1", "-u", "8", "--stop-ttft-p95-ms", "100",
-                       "--seed", "1000000", "-t", "5s"]  # fmt: skip
