@@ -46,7 +46,7 @@ loadtest: $(STAMP)
 # The seeds' tuning procedure on the embedded default: 4 settings x 3 fresh engines (results/ladder-cpu).
 ladder: $(STAMP)
 	$(VENV)/bin/headroom ladder configs/base.yaml configs/local.yaml --profile structured \
-	  --steps 2:8,8:8 --max-steps 4 --max-tokens 64 --ttft-slo-ms 100 --repeats 3 --out results/ladder-cpu
+	  --steps 4:6,16:6 --max-steps 3 --max-tokens 64 --ttft-slo-ms 100 --repeats 3 --out results/ladder-cpu
 
 bench: bench-overhead bench-autoscale
 

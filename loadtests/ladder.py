@@ -518,6 +518,7 @@ class SpecCounter:
     def settled(self, timeout_s: float = 90.0) -> SpecDecodeCounts:
         import ray
 
+        # Ray's export interval as this process was started with it (LADDER_CLUSTER_ENV or Ray's 10 s).
         interval_s = max(1.0, ray._config.metrics_report_interval_ms() / 1000)
         quiet_s = 1.5 * interval_s + 0.5  # no change over more than one export
         deadline = time.monotonic() + timeout_s
@@ -543,6 +544,8 @@ class SpecCounter:
             address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")], limit=10_000
         )
         replicas = {a.name.rsplit("#", 1)[-1] for a in actors if (a.name or "").startswith(prefix)}
+        if not replicas:
+            raise RuntimeError(f"no live replica of Serve app {self.app_name!r} to read vLLM's counters from")
         samples = []
         for node in (n for n in ray.nodes() if n["Alive"]):
             url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
