@@ -240,7 +240,7 @@ def knee_table(summaries: Sequence[SettingSummary], slo_ms: float) -> list[str]:
     for s in summaries:
         k = s.knee
         ratio = s.knee_to_ceiling
-        ratio_text = "-" if math.isnan(ratio) else (">= " if k and k.at_least else "") + f"{ratio:.3f}"
+        ratio_text = "-" if math.isnan(ratio) else (">= " if k and k.at_least else "") + f"{ratio:.2g}"
         why = sorted({stop_note(kn, slo_ms) for kn in s.knees})
         cells = [
             s.setting.name,
@@ -302,6 +302,7 @@ def plot(results: LadderResults, analysis: ProfileAnalysis, path: Path) -> None:
             med = [sp.median for sp in spreads]
             err = [[sp.median - sp.low for sp in spreads], [sp.high - sp.median for sp in spreads]]
             ax.errorbar(c, med, yerr=err, marker="o", capsize=3, label=s.setting.name)
+    concurrencies = sorted({step.concurrency for s in analysis.summaries for step in s.steps})
     ttft.axhline(results.plan.ttft_slo_ms, color="red", linewidth=0.8, label="TTFT SLO")
     for ax, title, unit in (
         (ttft, "TTFT p95", "ms"),
@@ -309,6 +310,8 @@ def plot(results: LadderResults, analysis: ProfileAnalysis, path: Path) -> None:
         (tput, "output throughput", "tok/s"),
     ):
         ax.set(title=title, xlabel="concurrency", ylabel=unit, xscale="log")
+        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+        ax.minorticks_off()
         ax.legend(fontsize=6)
     names = [s.setting.name for s in analysis.summaries]
     mem.bar(names, [s.peak_memory_gib.median for s in analysis.summaries])

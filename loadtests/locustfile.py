@@ -300,7 +300,7 @@ def _on_test_start(environment: Any, **_: Any) -> None:
         "prefix_tokens": options.prefix_tokens,
     }
     RUN.users = itertools.count()
-    environment.step_latencies = shapes.StepLatencies()
+    environment.step_latencies = measure.StepLatencies()
     path = options.raw_file or (f"{options.csv_prefix}_raw.jsonl" if options.csv_prefix else None)
     if path:
         RUN.raw = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the whole run)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -174,3 +174,25 @@ def after_warmup(starts_s: list[float], warmup_s: float) -> list[bool]:
         return [True] * len(starts_s)
     t0 = min(starts_s)
     return [s >= t0 + warmup_s for s in starts_s]
+
+
+@dataclass
+class StepLatencies:
+    """What each ladder step's finished requests measured, (send time, TTFT or None for a failure): the
+    Locust users add to it, the ladder shape asks whether a step breached its TTFT bound."""
+
+    samples: dict[int, list[tuple[float, float | None]]] = field(default_factory=dict)
+
+    def add(self, step_index: int, start_s: float, ttft_s: float | None) -> None:
+        self.samples.setdefault(step_index, []).append((start_s, ttft_s))
+
+    def breached(self, step_index: int, ttft_p95_ms: float) -> bool:
+        """Whether the step breached: TTFT p95 after its warm-up above the bound, or every request failed.
+        False while nothing has finished (unknown is not a breach)."""
+        rows = self.samples.get(step_index, [])
+        keep = after_warmup([start for start, _ in rows], STEP_WARMUP_S)
+        counted = [ttft for (_, ttft), counts in zip(rows, keep, strict=True) if counts]
+        if not counted:
+            return False
+        ok = [ttft for ttft in counted if ttft is not None]
+        return not ok or percentile(ok, 95) * 1000 > ttft_p95_ms

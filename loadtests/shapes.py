@@ -44,16 +44,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from locust import LoadTestShape
 
 try:
-    from loadtests.measure import STEP_WARMUP_S, after_warmup, percentile
+    from loadtests.measure import STEP_WARMUP_S
     from loadtests.workloads import Step, ladder_label, parse_steps, step_index_at
 except ImportError:  # copied next to its sibling modules, outside the package
-    from measure import STEP_WARMUP_S, after_warmup, percentile  # type: ignore[no-redef]
+    from measure import STEP_WARMUP_S  # type: ignore[no-redef]
     from workloads import Step, ladder_label, parse_steps, step_index_at  # type: ignore[no-redef]
 
 DEFAULT_MAX_IN_FLIGHT = 64
@@ -112,27 +111,6 @@ def ladder_tick(steps: Sequence[Step], run_time_s: float) -> tuple[int, float] |
         return None
     users = int(round(steps[i].value))
     return users, min(float(max(users, 1)), MAX_SPAWN_RATE)
-
-
-@dataclass
-class StepLatencies:
-    """What each ladder step's finished requests measured: (send time, TTFT or None for a failure)."""
-
-    samples: dict[int, list[tuple[float, float | None]]] = field(default_factory=dict)
-
-    def add(self, step_index: int, start_s: float, ttft_s: float | None) -> None:
-        self.samples.setdefault(step_index, []).append((start_s, ttft_s))
-
-    def breached(self, step_index: int, ttft_p95_ms: float) -> bool:
-        """Whether the step breached: TTFT p95 after its warm-up above the bound, or every request failed.
-        False while nothing has finished (unknown is not a breach)."""
-        rows = self.samples.get(step_index, [])
-        keep = after_warmup([start for start, _ in rows], STEP_WARMUP_S)
-        counted = [ttft for (_, ttft), counts in zip(rows, keep, strict=True) if counts]
-        if not counted:
-            return False
-        ok = [ttft for ttft in counted if ttft is not None]
-        return not ok or percentile(ok, 95) * 1000 > ttft_p95_ms
 
 
 def rate_label(rate_rps: float) -> str:

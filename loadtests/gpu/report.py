@@ -1,6 +1,6 @@
 """Turns what `loadtests/gpu/run.sh` brought back into the committed results page.
 
-    python -m loadtests.gpu.report RUN_DIR --out results/gpu
+    python -m loadtests.gpu.report RUN_DIR --out results/gpu [--only-ladder]
 
 RUN_DIR holds the phases' archives unpacked (overhead/, scale/, ladder-1/ and ladder-2/, each with two
 parts of the ladder). Writes, under --out: report.md with every table, the autoscaling plot, each phase's
@@ -265,8 +265,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--out", type=Path, default=Path("results/gpu"))
+    parser.add_argument(
+        "--only-ladder",
+        action="store_true",
+        help="only the ladder's parts and their merged report (out/ladder)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.only_ladder:
+        copy_ladder(args.run_dir, args.out / "ladder")
+        return
     copy_phase_files(args.run_dir, args.out)
     memory = memory_rows(args.run_dir)
     (args.out / "memory.json").write_text(

@@ -415,3 +415,19 @@ def test_bad_ladder_flags_exit_2_naming_the_flag(args, flag, tmp_path):
     result = CliRunner().invoke(app, ["ladder", "--env", "local", "--out", str(tmp_path), *args])
     assert result.exit_code == 2, result.output
     assert flag in result.output
+
+
+def test_gpu_report_merges_the_parts_of_both_calls(tmp_path):
+    from loadtests.gpu.report import copy_ladder
+
+    runs = clear_gains()
+    for call, k, part in ((1, 1, runs[:3]), (1, 2, runs[3:6]), (2, 3, runs[6:9]), (2, 4, runs[9:])):
+        folder = tmp_path / "run" / f"ladder-{call}" / f"part{k}"
+        ladder_report.write(results(part), folder)
+        for r in part:
+            (folder / r.raw_file).write_bytes(b"")
+    copy_ladder(tmp_path / "run", tmp_path / "out" / "ladder")
+    merged = ladder_report.read(tmp_path / "out" / "ladder")
+    assert len(merged.runs) == 12
+    assert (tmp_path / "out" / "ladder" / "part4" / runs[-1].raw_file).is_file()
+    assert merged.runs[-1].raw_file == f"part4/{runs[-1].raw_file}"

@@ -9,6 +9,7 @@ import pytest
 
 from loadtests.measure import (
     EMPTY_RESPONSE,
+    StepLatencies,
     StreamMeter,
     after_warmup,
     percentile,
@@ -90,3 +91,18 @@ def test_percentile_is_linear_between_order_statistics(q, expected):
 def test_warmup_keeps_requests_sent_after_the_first_seconds():
     assert after_warmup([5.0, 6.9, 7.0, 9.0], 2.0) == [False, False, True, True]
     assert after_warmup([5.0], 0.0) == [True]
+
+
+def test_a_step_breaches_on_its_requests_after_the_warm_up():
+    steps = StepLatencies()
+    assert not steps.breached(0, 100)  # nothing finished yet: not a breach
+    steps.add(0, 10.0, 0.500)  # in the warm-up: does not count
+    for i in range(20):
+        steps.add(0, 12.0 + i / 10, 0.050)
+    assert not steps.breached(0, 100)
+    steps.add(0, 14.5, 0.400)
+    steps.add(0, 14.6, 0.400)
+    assert steps.breached(0, 100)  # 2 of 22 above: the p95 is
+    steps.add(1, 20.0, None)
+    steps.add(1, 23.0, None)
+    assert steps.breached(1, 100)  # every counted request failed
