@@ -6,6 +6,7 @@ rendered Serve config file holds under `deployments:`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from autoscale.ray_policy import POLICY_IMPORT_PATH
@@ -33,6 +34,25 @@ def apply_cluster_env(environ: dict[str, str]) -> None:
     """Sets SERVE_CLUSTER_ENV in `environ` where the user has not chosen otherwise."""
     for key, value in SERVE_CLUSTER_ENV.items():
         environ.setdefault(key, value)
+
+
+# What Ray sets in a worker process after it started, unless the worker's environment already had it:
+# OMP_NUM_THREADS=<the actor's num_cpus> (ray/_private/utils.py, set_omp_num_threads_if_unset). vLLM's
+# engine core, started from the replica, would inherit it; `vllm serve` starts without it, and vLLM then
+# sizes the engine's thread pools itself (and warns that an inherited OMP_NUM_THREADS > 1 keeps Torch's
+# CPU threads spinning while it serves).
+RAY_WORKER_DEFAULTS = ("OMP_NUM_THREADS",)
+
+
+def restore_vllm_serve_env(environ: MutableMapping[str, str], started_with: Mapping[str, str]) -> list[str]:
+    """Removes from `environ` the RAY_WORKER_DEFAULTS that Ray set after this process started (they are
+    absent from `started_with`, the environment it was started with), so the engine core started from
+    here gets what it would under `vllm serve`. A value the user set (in the cluster's or the app's
+    environment) was there at start and stays. Returns the names removed."""
+    removed = [k for k in RAY_WORKER_DEFAULTS if k in environ and k not in started_with]
+    for key in removed:
+        del environ[key]
+    return removed
 
 
 def deployment_options(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
