@@ -215,9 +215,8 @@ class Bench:
         m = {**where, "server": t.name, "round": r, "gpu": t.server.gpu, "num_prompts": cell.num_prompts}
         m |= result | cpu_per_token(cpu_s, result.get("total_output_tokens") or 0)
         self.run.measurements.append(m)
-        print(f"round {r} {cell.workload.name} c={cell.concurrency} {client} {t.name}: TTFT p50 "
-              f"{m['ttft_p50_ms']:.1f} ms, TPOT p50 {m['tpot_p50_ms']:.2f} ms, "
-              f"{m['output_tokens_per_s']:.0f} tok/s", flush=True)  # fmt: skip
+        shown = ", ".join(f"{k} {m.get(k)}" for k in ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s"))
+        print(f"round {r} {cell.workload.name} c={cell.concurrency} {client} {t.name}: {shown}", flush=True)
 
     def measure_cell(self, order: list[Target], cell: Cell, client: str, r: int) -> None:
         """The cell on each server: at once (each its own client process) or one after the other."""

@@ -14,10 +14,10 @@ from serve_app.config import HeadroomConfig
 from serve_app.planning.placement import Plan
 
 # Ray Serve settings for the cluster (read by Serve's processes at start-up, so they must be in the
-# environment of `ray start` / the driver that starts the cluster). Measured on the tiny CPU model
-# (loadtests/bench_overhead.py): with Serve's default Python proxy, streaming added 9-11 ms TTFT p50 at
-# concurrency 1 and cost 30% throughput at 32; with HAProxy in front of replicas that serve HTTP
-# themselves (one hop) and user code on the replica's main event loop, +2 ms and -8%. Ray also starts
+# environment of `ray start` / the driver that starts the cluster). HAProxy routes each request straight to
+# a replica that serves HTTP itself (one hop; Serve's default sends it through a Python proxy actor first),
+# and user code runs on the replica's own event loop (no hand-off to a second thread per message); what is
+# left against bare `vllm serve` is measured in results/bench_overhead and results/gpu. Ray also starts
 # workers at nice 15 so its own daemons stay responsive; here the worker (the replica and its engine) is
 # the workload, and at nice 15 it lost the CPU to everything else on the node. Last, a replica that is
 # killed hard (graceful shutdown timed out) leaves its vLLM engine-core process behind, holding the
