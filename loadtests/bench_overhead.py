@@ -403,6 +403,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="NAME:ENV=VALUE,... a headroom app with that replica env",
     )
     p.add_argument(
+        "--bare-flags",
+        choices=["same", "vllm-defaults"],
+        default="same",
+        help="bare vLLM's engine flags: the replicas' (same) or only the model's identity (vLLM's defaults)",
+    )
+    p.add_argument(
         "--budget-s", type=float, default=3600, help="no new round starts that would not end within it"
     )
     p.add_argument("--start-timeout-s", type=float, default=900)

@@ -44,7 +44,7 @@ from loadtests import vllm_bench
 from loadtests.bench_overhead import Bench, Cell, Target, stop_on_sigterm, versions
 from loadtests.machine import describe
 from loadtests.overhead_matrix import BARE, HEADROOM, VLLM_BENCH
-from loadtests.overhead_servers import ServerProcesses
+from loadtests.overhead_servers import ServerProcesses, cpu_seconds
 from loadtests.vllm_bench import WORKLOADS, Workload
 
 HAPROXY_STATS_URL = "http://127.0.0.1:8404/stats;csv"
@@ -100,12 +100,20 @@ def process_facts(proc: psutil.Process) -> dict[str, Any]:
     return facts
 
 
+def describe_process(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {p.name()}"
+    except psutil.Error:
+        return f"{p.pid} (ended)"
+
+
 def key_processes(procs: ServerProcesses) -> dict[str, psutil.Process]:
     """The frontend's main process (API server / replica), HAProxy, and the engine core."""
     out = {"frontend": procs.frontend[0]}
     for p in procs.frontend[1:]:
-        if "haproxy" in (p.name() or ""):
-            out["haproxy"] = p
+        with contextlib.suppress(psutil.Error):  # a process may end between the listing and here
+            if "haproxy" in p.name():
+                out["haproxy"] = p
     cores = procs.engine_cores()
     if cores:
         out["engine_core"] = cores[0]
@@ -192,21 +200,36 @@ class Diagnostic:
     def snapshot(self) -> None:
         facts: dict[str, dict[str, Any]] = {}
         for t in self.targets():
-            facts[t.name] = {k: process_facts(p) for k, p in key_processes(self.bench.procs[t.name]).items()}
+            facts[t.name] = {}
+            for k, p in key_processes(self.bench.procs[t.name]).items():
+                try:
+                    facts[t.name][k] = process_facts(p)
+                except psutil.Error as e:
+                    facts[t.name][k] = {"error": repr(e)}
         cores = {name: f.get("engine_core", {}) for name, f in facts.items()}
         self.evidence["process_findings"] = ev.process_findings(cores)
         self.evidence["processes"] = facts
+        # Every process each server's CPU accounting counts (an extra child would show here).
+        self.evidence["process_groups"] = {
+            t.name: {
+                g: [describe_process(p) for p in ps] for g, ps in self.bench.procs[t.name].groups().items()
+            }
+            for t in self.targets()
+        }
 
     def run_one(self, t: Target, w: Workload, c: int, n: int, seed: int, tag: str) -> dict[str, Any]:
         """One `vllm bench serve` run with CPU per process and per thread of the frontend and engine core."""
-        keys = key_processes(self.bench.procs[t.name])
+        procs = self.bench.procs[t.name]
+        keys = key_processes(procs)
         before = {k: thread_cpu(p) for k, p in keys.items()}
+        groups_before = cpu_seconds(procs.groups())
         argv = vllm_bench.bench_args(
             t.base_url, self.bench.cfg.served_model_name, self.bench.tokenizer, w, c, n, seed,
             str(self.bench.raw), f"diag-{tag}-{t.name}-{w.name}-c{c}.json",
         )  # fmt: skip
         result = self.bench.client(t.name).run({"client": VLLM_BENCH, "argv": argv})
         after = {k: thread_cpu(p) for k, p in keys.items()}
+        groups_after = cpu_seconds(procs.groups())
         completed = result.get("completed") or 1
         row: dict[str, Any] = {
             "server": t.name,
@@ -217,6 +240,8 @@ class Diagnostic:
         row |= {
             k: result.get(k) for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s")
         }
+        for g, cpu_s in groups_after.items():  # every process of the group (engine: the frontend's children)
+            row[f"{g}_group_cpu_ms_per_request"] = round((cpu_s - groups_before[g]) / completed * 1000, 2)
         for k in keys:
             threads = ev.thread_cpu_by_name(before[k], after[k])
             row[f"{k}_cpu_ms_per_request"] = round(sum(r["cpu_s"] for r in threads) / completed * 1000, 2)
@@ -326,7 +351,11 @@ class Diagnostic:
             out.append(g)
         for n in sorted({m["input_len"] for m in self.evidence["sweep"]}):
             rows = {m["server"]: m for m in self.evidence["sweep"] if m["input_len"] == n and m["round"] == 0}
-            for k, label in (("engine_core", "engine-core"), ("frontend", "frontend main process")):
+            for k, label in (
+                ("engine_group", "engine (all the frontend's child processes)"),
+                ("engine_core", "engine-core"),
+                ("frontend", "frontend main process"),
+            ):
                 key = f"{k}_cpu_ms_per_request"
                 line = ev.ratio_finding(
                     f"{label} CPU per request at {n} tokens (c=1)",
@@ -417,6 +446,8 @@ def text_report(report: dict[str, Any]) -> str:
             f"{m['ttft_p50_ms']:7.1f} ms  TPOT {m['tpot_p50_ms']:6.2f} ms  CPU/request ms: frontend "
             f"{m.get('frontend_cpu_ms_per_request')}, engine core {m.get('engine_core_cpu_ms_per_request')}"
             + (f", haproxy {m['haproxy_cpu_ms_per_request']}" if "haproxy_cpu_ms_per_request" in m else "")
+            + f"; whole groups: frontend {m.get('frontend_group_cpu_ms_per_request')}, "
+            f"engine {m.get('engine_group_cpu_ms_per_request')}"
         )
         for k in ("engine_core", "frontend"):
             busiest = ", ".join(
@@ -433,11 +464,16 @@ def text_report(report: dict[str, Any]) -> str:
     lines += ["", "PROCESSES (environment: engine-relevant variables; None = unreadable, see diag.json)"]
     for server, procs in report.get("processes", {}).items():
         for k, p in procs.items():
+            if "error" in p:
+                lines.append(f"  {server} {k}: {p['error']}")
+                continue
             lines.append(
                 f"  {server} {k}: pid {p['pid']} nice {p['nice']} affinity {p['affinity']} sched "
                 f"{p['sched_policy']} threads {p['num_threads']} {dict(list(p['thread_names'].items())[:8])}"
             )
             lines.append(f"      environment: {p['environ']}")
+    for server, groups in report.get("process_groups", {}).items():
+        lines += [f"  {server} {g}: {', '.join(ps)}" for g, ps in groups.items()]
     lines += ["", "HAPROXY (sessions per server after the sweep)"]
     for r in report.get("haproxy", {}).get("after", []):
         lines.append(f"  {r}")

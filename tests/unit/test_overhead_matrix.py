@@ -271,3 +271,35 @@ def test_identity_flags_keep_the_model_and_context_and_drop_engine_settings():
     assert identity_flags(flags) == [
         "--model", "/m", "--served-model-name", "q", "--max-model-len", "8192", "--load-format", "dummy"
     ]  # fmt: skip
+
+
+def test_bench_command_line_defaults_and_refusals(capsys):
+    from loadtests.bench_overhead import matrix, parse_args
+
+    args = parse_args(["--env", "local", "--concurrency", "1", "8", "--num-prompts", "1:10", "--waves", "3"])
+    assert (args.bare_flags, args.rounds, args.workloads) == (
+        "same",
+        3,
+        ["random-1024", "short", "shared-prefix"],
+    )
+    cells = matrix(args)
+    assert [(c.workload.name, c.concurrency, c.num_prompts) for c in cells[:2]] == [
+        ("random-1024", 1, 10),
+        ("random-1024", 8, 30),  # 3 waves of 8, at least min_prompts (30)
+    ]
+    for argv, message in (
+        (["--concurrent"], "--concurrent needs --gpus with two GPUs"),
+        (["--gpus", "0", "--variant", "x:A=1"], "--variant needs both servers up at once"),
+        (["--bare-flags", "defaults"], "invalid choice"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_diag_command_line_defaults_span_the_graph_ceiling():
+    from loadtests.overhead_diag import parse_args
+
+    lengths = parse_args([]).lengths  # prompt tokens, on both sides of vLLM's 512-token graph ceiling
+    below, above = [n for n in lengths if n <= 512], [n for n in lengths if n > 512]
+    assert min(below) <= 64 and max(below) >= 400 and min(above) <= 640 and max(above) >= 1024
