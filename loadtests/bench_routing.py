@@ -25,25 +25,31 @@ import math
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.ladder import LADDER_DRAIN, run_locust, step_rows, versions
+from loadtests import raw_stats
+from loadtests.ladder import LADDER_CLUSTER_ENV, REQUEST_TIMEOUT_S, step_results, versions
 from loadtests.machine import describe
-from loadtests.streaming_client import one_request, percentile, prompts, run_load
+from loadtests.measure import percentile
+from loadtests.smoke import locust_command
+from loadtests.streaming_client import one_request, prompts, run_load
 from serve_app.config import HeadroomConfig, deep_merge, load_config_files, load_env_config, parse_config
 from serve_app.serving.serve_options import SERVE_CLUSTER_ENV, apply_cluster_env
 
 MODES = ("least_loaded", "prefix_affinity")
 HITS, QUERIES = "ray_vllm_prefix_cache_hits_total", "ray_vllm_prefix_cache_queries_total"
 DECISIONS = "ray_headroom_routing_decisions_total"
-# Counters reach Prometheus every report interval (Ray's default 10 s): 1 s on a cluster started here.
-METRICS_INTERVAL = ("RAY_metrics_report_interval_ms", "1000")
+# Counters reach Prometheus every report interval: 2 s on a cluster started here (LADDER_CLUSTER_ENV), so
+# counters that stay put over a longer quiet spell have settled.
+COUNTERS_QUIET_S = 4.5
 MEANS = ("ttft_p50_ms", "output_tokens_per_s")
 
 
@@ -82,7 +88,9 @@ def counters(model: str, app: str) -> dict[str, Any]:
     return {"cache": cache, "decisions": decisions}
 
 
-def settled_counters(model: str, app: str, quiet_s: float = 2.5, timeout_s: float = 60) -> dict[str, Any]:
+def settled_counters(
+    model: str, app: str, quiet_s: float = COUNTERS_QUIET_S, timeout_s: float = 60
+) -> dict[str, Any]:
     """Counters once they stop moving (the last requests' counts have been exported)."""
     deadline = time.time() + timeout_s
     last = counters(model, app)
@@ -159,6 +167,29 @@ def measure_side_call(cfg: HeadroomConfig, args: argparse.Namespace, base_url: s
     }
 
 
+def run_locust(url: str, model: str, profile: str, ladder: str, raw: Path, args: argparse.Namespace) -> None:
+    """One Locust run of `profile` at the ladder's steps, every request in `raw`."""
+    flags: dict[str, str | int | float] = {
+        "--ladder": ladder,
+        "--profile": profile,
+        "--max-tokens": args.max_tokens,
+        "--seed": args.seed,
+        "--request-timeout": REQUEST_TIMEOUT_S,
+        # Failed requests are data here (the error-rate column), not a failed run.
+        "--exit-code-on-error": 0,
+    }
+    if args.tokens_per_word:
+        flags["--tokens-per-word"] = args.tokens_per_word
+    if args.prefix_tokens:
+        flags["--prefix-tokens"] = args.prefix_tokens
+    limit_s = int(ladder.split(":")[1]) + REQUEST_TIMEOUT_S + 60
+    result = subprocess.run(
+        locust_command(url, model, raw, flags), capture_output=True, text=True, timeout=limit_s, check=False
+    )
+    if not raw.exists():
+        raise RuntimeError(f"locust wrote no results (exit {result.returncode}): {result.stderr[-2000:]}")
+
+
 def measure_mode(cfg: HeadroomConfig, mode: str, args: argparse.Namespace, base_url: str) -> list[dict]:
     from ray import serve
 
@@ -169,16 +200,16 @@ def measure_mode(cfg: HeadroomConfig, mode: str, args: argparse.Namespace, base_
     serve.run(build_from_config(routed(cfg, mode, args.replicas, name)), name=name, route_prefix=f"/{name}")
     asyncio.run(run_load(url, model, 2 * args.replicas, 4 * args.replicas, args.max_tokens))  # warm-up
     rows = []
+    before = settled_counters(model, name)
     for spec in args.profiles:
         profile, concurrency, seconds = spec.split(":")
         ladder = f"{concurrency}:{seconds}"
         raw = args.out / f"raw_{mode}_{profile}_c{concurrency}_{len(list(args.out.glob('raw_*')))}.jsonl"
-        before = settled_counters(model, name)
-        run_locust(url, model, profile, ladder, args.max_tokens, raw, args.seed)
-        [step] = step_rows(raw, ladder)
-        rows.append(
-            {"mode": mode, "profile": profile, **step, **deltas(before, settled_counters(model, name))}
-        )
+        run_locust(url, model, profile, ladder, raw, args)
+        [step] = step_results(raw_stats.load_records(raw), [int(concurrency)])
+        after = settled_counters(model, name)
+        rows.append({"mode": mode, "profile": profile, **asdict(step), **deltas(before, after)})
+        before = after
         print(f"{mode} {profile}: {rows[-1]}", flush=True)
     serve.delete(name)
     return rows
@@ -278,7 +309,7 @@ def start_cluster(accelerator: str) -> str:
     base URL."""
     address = os.environ.get("RAY_ADDRESS") or "local"
     if address == "local":
-        for key, value in (LADDER_DRAIN, METRICS_INTERVAL):
+        for key, value in LADDER_CLUSTER_ENV.items():
             os.environ.setdefault(key, value)
     apply_cluster_env(os.environ)  # before Ray Serve reads its settings
     import ray
@@ -319,11 +350,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = load_config_files(*args.config) if args.config else load_env_config(args.env or "local")
-    # Locust (a subprocess) reads these.
-    if args.tokens_per_word:
-        os.environ["HEADROOM_TOKENS_PER_WORD"] = str(args.tokens_per_word)
-    if args.prefix_tokens:
-        os.environ["HEADROOM_PREFIX_TOKENS"] = str(args.prefix_tokens)
     base_url = start_cluster(cfg.resources.accelerator)
     report: dict[str, Any] = {
         "machine": describe(),

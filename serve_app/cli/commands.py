@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import os
-import re
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from serve_app.cli import ladder_options as lo
 from serve_app.cli.common import err, fail, out
 from serve_app.cli.rollout_commands import register as register_rollout_commands
 from serve_app.config import ConfigError, HeadroomConfig, available_envs, load_config_files, load_env_config
-from serve_app.config.vocabulary import APP_NAME_HINT, APP_NAME_PATTERN
+
+if TYPE_CHECKING:
+    from serve_app.planning.request import ClusterSpec
+    from serve_app.planning.result import Plan
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Deploy vLLM on Ray Serve, within budget.")
 model_app = typer.Typer(no_args_is_help=True, help="The embedded models headroom generates itself.")
@@ -56,36 +60,72 @@ def validate(env: EnvOption = None, config: ConfigOption = None) -> None:
     out.print_json(cfg.model_dump_json())
 
 
+GpusOption = Annotated[
+    int | None, typer.Option("--gpus", min=1, max=16, help="GPUs per node to plan for (default 1).")
+]
+NodesOption = Annotated[int, typer.Option("--nodes", min=1, max=4096, help="Nodes to plan for.")]
+GpuMemoryOption = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-memory-gib",
+        min=1,
+        max=1024,
+        help="GPU memory as torch reports it; default the config's, else the GPU type's.",
+    ),
+]
+
+
 @app.command("engine-args")
-def engine_args(env: EnvOption = None, config: ConfigOption = None) -> None:
-    """Print the `vllm serve` flags headroom gives the engine for a config."""
+def engine_args(
+    env: EnvOption = None,
+    config: ConfigOption = None,
+    gpus: GpusOption = None,
+    nodes: NodesOption = 1,
+    gpu_memory_gib: GpuMemoryOption = None,
+) -> None:
+    """Print the `vllm serve` flags each replica's engine gets, plan included, for a config planned on
+    --nodes x --gpus (a note on stderr says which flags the plan set); exit 1 when it does not fit."""
     from serve_app.models.resolve import resolve_models
-    from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
+    from serve_app.planning.from_config import cluster_spec
+    from serve_app.serving.engine_args import plan_engine, vllm_cli_args
 
     try:
         cfg = _load(env, config)
         models = resolve_models(cfg)
+        cluster = cluster_spec(cfg, nodes=nodes, gpus_per_node=gpus, gpu_memory_gib=gpu_memory_gib)
+        result, planned = plan_engine(cfg, models, cluster)
     except ConfigError as e:
         fail(e)
-    planned = PlannedEngine(tensor_parallel_size=cfg.engine.tensor_parallel_size or 1)
+    if not result.fits:
+        typer.echo("\n".join(f"error: {reason}" for reason in result.reasons), err=True)
+        raise typer.Exit(1)
+    typer.echo(_plan_note(cfg, cluster, result), err=True)
     print(shlex.join(vllm_cli_args(cfg, models, planned)))
+
+
+def _plan_note(cfg: HeadroomConfig, cluster: ClusterSpec, result: Plan) -> str:
+    """Which flags the plan set, and for which cluster: a replica on another cluster is planned again."""
+    from serve_app.planning.from_config import describe_cluster
+
+    on_gpu = cfg.resources.accelerator == "gpu"
+    from_plan = [f"--max-num-seqs {result.max_num_seqs} (config: {cfg.engine.max_num_seqs})"]
+    if on_gpu:
+        from_plan.insert(0, f"--tensor-parallel-size {result.tensor_parallel_size}")
+    return (
+        f"# planned for {describe_cluster(cfg, cluster)}; from the plan: {', '.join(from_plan)}; "
+        f"{result.max_num_seqs_without_preemption} sequences fit without preemption at max_model_len "
+        f"{result.max_model_len:,}."
+        + (" Deploying plans again for the live cluster's GPUs per node." if on_gpu else "")
+    )
 
 
 @app.command()
 def plan(
     config_files: ConfigFilesArgument = None,
     env: EnvOption = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", min=1, max=16, help="GPUs per node.")] = None,
-    nodes: Annotated[int, typer.Option("--nodes", min=1, max=4096, help="Nodes.")] = 1,
-    gpu_memory_gib: Annotated[
-        float | None,
-        typer.Option(
-            "--gpu-memory-gib",
-            min=1,
-            max=1024,
-            help="GPU memory as torch reports it; default the GPU type's.",
-        ),
-    ] = None,
+    gpus: GpusOption = None,
+    nodes: NodesOption = 1,
+    gpu_memory_gib: GpuMemoryOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Plan a config: TP size, replicas, placement bundles, KV-cache tokens and safe concurrency; exit 1
@@ -93,7 +133,7 @@ def plan(
     import json
 
     from serve_app.planning.from_config import cluster_spec, plan_config
-    from serve_app.planning.placement import render_plan_table
+    from serve_app.planning.result import render_plan_table
 
     try:
         cfg = _load(env, config_files)
@@ -160,65 +200,57 @@ def serve(
 def ladder(
     config_files: ConfigFilesArgument = None,
     env: EnvOption = None,
-    profile: Annotated[
-        str, typer.Option(help="Workload: random, shared-prefix, multi-turn, structured or creative.")
-    ] = "random",
-    ttft_slo_ms: Annotated[
-        float | None, typer.Option(min=0.001, help="TTFT p95 target; default the config's slo.ttft_p95_ms.")
-    ] = None,
-    steps: Annotated[str, typer.Option(help="Concurrency ladder, users:seconds steps.")] = "1:20,4:20,16:20",
-    max_tokens: Annotated[int, typer.Option(min=1, max=32768, help="Output tokens per request.")] = 64,
-    seed: Annotated[int, typer.Option(min=0, help="Workload seed.")] = 0,
-    url: Annotated[
-        str | None,
-        typer.Option(help="Measure a running server as deployed instead of deploying each setting."),
-    ] = None,
-    out: Annotated[Path, typer.Option(help="Report folder.")] = Path("results/ladder"),
-    app_name: Annotated[
-        str,
-        typer.Option(
-            help="Serve application (and route prefix) the settings are deployed as; ladders that share a "
-            "cluster need different names.",
-        ),
-    ] = "ladder",
-    http_port: Annotated[
-        int | None, typer.Option(min=1, max=65535, help="Serve's HTTP port; default one per process.")
-    ] = None,
+    profiles: lo.Profiles = None,
+    ttft_slo_ms: lo.TtftSlo = None,
+    steps: lo.Steps = "1:20,4:20,16:20",
+    max_steps: lo.MaxSteps = 6,
+    max_tokens: lo.MaxTokens = 64,
+    seed: lo.Seed = 0,
+    repeats: lo.Repeats = 3,
+    features: lo.Features = None,
+    part: lo.Part = None,
+    only: lo.Only = None,
+    merge: lo.Merge = None,
+    url: lo.Url = None,
+    out: lo.Out = Path("results/ladder"),
+    app_name: lo.AppName = "ladder",
+    http_port: lo.HttpPort = None,
 ) -> None:
-    """The seeds' tuning procedure: a fixed workload and concurrency ladder, the baseline, then prefix
-    caching, chunked prefill and speculative decoding switched on one at a time; writes a report."""
-    from loadtests.ladder import run_ladder
-    from loadtests.workloads import PROFILES, parse_steps
+    """The seeds' tuning procedure: a fixed workload and concurrency steps, the baseline, then prefix
+    caching, chunked prefill and speculative decoding switched on in turn, each setting on fresh engines
+    several times; keeps what beats the noise and writes a report. Stops what it started, also on Ctrl-C."""
+    from loadtests import ladder_report
+    from loadtests.ladder import LadderOptions, run_ladder
 
-    if profile not in PROFILES:
-        raise typer.BadParameter(f"{profile!r} is not one of {', '.join(PROFILES)}", param_hint="--profile")
-    try:
-        parse_steps(steps)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--steps") from None
-    if not re.fullmatch(APP_NAME_PATTERN, app_name):
-        raise typer.BadParameter(f"{app_name!r}: {APP_NAME_HINT}", param_hint="--app-name")
-    try:
-        cfg = _load(env, config_files)
-    except ConfigError as e:
-        fail(e)
-    report = run_ladder(
-        cfg,
-        profile,
-        ttft_slo_ms or cfg.slo.ttft_p95_ms,
-        steps,
-        out,
-        max_tokens,
-        seed,
-        url,
-        progress=err.print,
-        app_name=app_name,
-        http_port=http_port,
-    )
-    rec = report["recommendation"]
-    typer.echo(
-        f"recommended max_num_seqs {rec['max_num_seqs']}, features: {', '.join(rec['features']) or 'none'}"
-    )
+    # SIGTERM unwinds like Ctrl-C, so the app, Serve and Ray this command started are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if merge:
+        results = lo.merged(merge, out)
+    else:
+        try:
+            cfg = _load(env, config_files)
+        except ConfigError as e:
+            fail(e)
+        chosen = lo.features_arg(cfg, features)
+        opts = LadderOptions(
+            profiles=lo.profiles_arg(profiles),
+            ttft_slo_ms=ttft_slo_ms or cfg.slo.ttft_p95_ms,
+            steps=lo.steps_arg(steps),
+            max_tokens=max_tokens,
+            seed=seed,
+            repeats=repeats,
+            features=chosen,
+            max_steps=max_steps,
+            part=lo.part_arg(part),
+            only=lo.only_arg(cfg, chosen, repeats, only),
+            url=url,
+            app_name=lo.app_name_arg(app_name),
+            http_port=http_port,
+            command=shlex.join(["headroom", "ladder", *sys.argv[2:]]),
+        )
+        results = run_ladder(cfg, opts, out, progress=err.print)
+    for line in ladder_report.summary_lines(results):
+        typer.echo(line)
     typer.echo(f"report: {out / 'report.md'}")
 
 

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -20,13 +21,13 @@ from ray.serve import Application
 from autoscale.replica_stats import ReplicaStatsWindow
 from serve_app.config import HeadroomConfig, load_config_files, load_env_config, parse_config
 from serve_app.models.resolve import resolve_models
-from serve_app.planning.from_config import plan_config, planning_cluster, require_fit
+from serve_app.planning.from_config import planning_cluster, require_fit
 from serve_app.planning.placement import ClusterSpec
 from serve_app.serving.engine import build_openai_app, parse_serve_args, start_engine
-from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
+from serve_app.serving.engine_args import PlannedEngine, plan_engine, vllm_cli_args
 from serve_app.serving.metrics import ServingMetrics
 from serve_app.serving.prefix_router import with_prefix_router
-from serve_app.serving.serve_options import deployment_options
+from serve_app.serving.serve_options import deployment_options, restore_vllm_serve_env
 
 
 @serve.ingress()
@@ -49,6 +50,8 @@ class LLMServer:
             },
             ReplicaStatsWindow(window_s),
         )
+        # The engine core starts from this process: with `vllm serve`'s environment, not Ray's defaults.
+        restore_vllm_serve_env(os.environ, environ_at_start())
         self._engine = await start_engine(self._args, self._metrics)
 
     async def __serve_build_asgi_app__(self):
@@ -68,6 +71,18 @@ class LLMServer:
             engine.shutdown()
 
 
+def environ_at_start() -> dict[str, str]:
+    """The environment this process was started with (Linux's /proc/self/environ). Where that cannot be
+    read (another system, or a process title written over it) the current one, so that nothing is taken
+    for a value Ray set later."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        raw = b""
+    started = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+    return started or dict(os.environ)
+
+
 def live_cluster(cfg: HeadroomConfig) -> ClusterSpec:
     """The connected Ray cluster as the planner sees it: GPU nodes and GPUs per node."""
     if cfg.resources.accelerator == "cpu":
@@ -85,9 +100,8 @@ def build_from_config(cfg: HeadroomConfig, cluster: ClusterSpec | None = None) -
     refused before anything is deployed.
     """
     models = resolve_models(cfg)
-    result = plan_config(cfg, cluster or live_cluster(cfg), models.model_path, models.draft_path)
+    result, planned = plan_engine(cfg, models, cluster or live_cluster(cfg))
     require_fit(result)
-    planned = PlannedEngine(result.tensor_parallel_size, result.max_num_seqs)
     deployment = serve.deployment(LLMServer).options(name="LLMServer", **deployment_options(cfg, result))
     args = (cfg.model_dump(mode="json"), asdict(planned))
     if cfg.deployment.routing == "prefix_affinity":
