@@ -20,6 +20,7 @@ from serve_app.config.schema import (
     SLOSection,
     SpeculativeSection,
 )
+from serve_app.config.security import SecuritySection
 
 __all__ = [
     "DEFAULT_CONFIG_DIR",
@@ -30,6 +31,7 @@ __all__ = [
     "ModelSection",
     "ResourcesSection",
     "SLOSection",
+    "SecuritySection",
     "SpeculativeSection",
     "available_envs",
     "deep_merge",
