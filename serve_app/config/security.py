@@ -165,13 +165,14 @@ class OverloadSettings(BaseModel):
     model_config = _SECTION_CONFIG
 
     queue_fraction: float = Field(
-        default=0.25,
+        default=0,
         ge=0,
         le=8,
         description=(
             "Requests a replica queues beyond the plan's max_num_seqs (its safe concurrency), as a "
-            "fraction of it, rounded up: 0.25 with max_num_seqs 32 admits 32 + 8. A queued request waits "
-            "for a running one to finish, so a deep queue trades TTFT for fewer refusals."
+            "fraction of it, rounded up: 0.25 with max_num_seqs 32 admits 32 + 8. 0 admits only what the "
+            "engine runs at once. A queued request waits for a running one to finish, so its TTFT grows "
+            "by up to a whole generation: a queue trades TTFT for fewer refusals (docs/security.md)."
         ),
     )
     status: OverloadStatus = Field(

@@ -126,6 +126,10 @@ class ReplicaASGI:
             return
         path, method = _route_path(scope), scope["method"]
         try:
+            if self.engine_dead:
+                raise RequestRefused(
+                    503, "this replica's engine has stopped and the replica is being replaced"
+                )
             route = self.routes.get(path)
             if route is None:
                 raise RequestRefused(404, f"No route for {method} {scope['path']}")
@@ -156,8 +160,6 @@ class ReplicaASGI:
 
     async def _generate(self, scope, receive, send, path: str) -> None:
         """A generation request: body, limits and admission checked, then vLLM."""
-        if self.engine_dead:
-            raise RequestRefused(503, "this replica's engine has stopped and the replica is being replaced")
         body = await self._body(scope, receive)
         request = parse_json_body(body)
         sequences = 1
@@ -183,9 +185,11 @@ class ReplicaASGI:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if refused.status in (429, 503):
             headers.append((b"retry-after", self.retry_after_s))
-        elif refused.status == 401:
+        if refused.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
-        elif refused.status == 413:  # the rest of the body is not read: end the connection
+        if refused.status == 413 or self.engine_dead:
+            # 413: the rest of the body is not read. A dying replica: HAProxy must not send it more requests
+            # on this connection (a new one fails once the replica has exited, and HAProxy retries that).
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": refused.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -33,9 +33,12 @@ from serve_app.serving.serve_options import deployment_options
 
 logger = logging.getLogger(__name__)
 
-# How long a replica whose engine died waits for the requests in flight to get their error responses
-# before it exits.
+# A replica whose engine died waits up to DEAD_ENGINE_GRACE_S for its requests in flight to get their
+# error responses, answers what still arrives with 503 + Retry-After for DEAD_ENGINE_LINGER_S more (HAProxy
+# routes to it until it is gone), then exits. The linger is well under Retry-After (>= 1 s), so that the
+# retries of those requests find the replica gone, and HAProxy sends them elsewhere.
 DEAD_ENGINE_GRACE_S = 2.0
+DEAD_ENGINE_LINGER_S = 0.2
 
 
 @serve.ingress()
@@ -97,6 +100,7 @@ class LLMServer:
         deadline = time.monotonic() + DEAD_ENGINE_GRACE_S
         while self._asgi is not None and self._asgi.generating and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        await asyncio.sleep(DEAD_ENGINE_LINGER_S)
         logger.error("engine core died; replica exiting so that Serve replaces it")
         for handler in logging.getLogger().handlers:
             handler.flush()

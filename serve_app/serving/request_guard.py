@@ -145,8 +145,15 @@ def _over(body: Mapping[str, Any], name: str, limit: int | None, setting: str) -
         )
 
 
+_INT64_END = 1 << 63
+
+
 def check_limits(body: Mapping[str, Any], limits: RequestLimits) -> None:
-    """Raises RequestRefused(400) naming the first field of a generation request over a limit."""
+    """Raises RequestRefused(400) naming the first field of a generation request over a limit, or holding
+    an integer beyond 64 bits (vLLM's sampling code would fail on it with a 500)."""
+    for name, value in body.items():
+        if isinstance(value, int) and not -_INT64_END <= value < _INT64_END:
+            raise RequestRefused(400, f"{name} is outside the range of a 64-bit integer", str(name))
     _over(body, "n", limits.max_n, "max_n")
     _over(body, "best_of", limits.max_n, "max_n")
     for name in ("max_tokens", "max_completion_tokens", "min_tokens"):

@@ -134,6 +134,8 @@ LIMITS = RequestLimits(max_n=4, max_tokens=64, max_logprobs=5)
 # (case, body, the field named in the 400, or None when the body passes)
 LIMIT_CASES = [
     ("within every limit", {"n": 4, "max_tokens": 64, "logprobs": 5, "top_logprobs": 5}, None),
+    ("top_k beyond 64 bits", {"top_k": 1 << 70}, "top_k"),
+    ("seed below 64 bits", {"seed": -(1 << 63) - 1}, "seed"),
     ("n over", {"n": 5}, "n"),
     ("best_of over", {"best_of": 9}, "best_of"),
     ("max_tokens over", {"max_tokens": 65}, "max_tokens"),
@@ -154,7 +156,8 @@ def test_limits_refuse_the_field_over_its_limit(case, body, param):
     with pytest.raises(RequestRefused) as refused:
         check_limits(body, LIMITS)
     assert (refused.value.status, refused.value.param) == (400, param)
-    assert param in refused.value.message and "security.limits." in refused.value.message
+    setting = "64-bit integer" if "64 bits" in case else "security.limits."
+    assert param in refused.value.message and setting in refused.value.message
 
 
 def test_without_a_token_limit_any_max_tokens_passes_to_vllm():
