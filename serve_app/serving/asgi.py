@@ -25,6 +25,7 @@ from serve_app.serving.request_guard import (
     AdmissionGate,
     RequestRefused,
     check_limits,
+    field_caps,
     open_routes,
     openai_error_body,
     parse_json_body,
@@ -105,7 +106,8 @@ class ReplicaASGI:
         self.routes = open_routes(security)
         # vLLM's own check: SHA-256 of each key, compared in constant time against every key.
         self.verifier = AuthenticationMiddleware(None, api_keys) if api_keys else None
-        self.limits = security.limits
+        self.max_body_bytes = security.limits.max_body_bytes
+        self.caps = field_caps(security.limits)
         overload = security.overload
         self.overload_status = overload.status if overload is not None else 503
         self.retry_after_s = str(overload.retry_after_s if overload is not None else 1).encode()
@@ -152,10 +154,12 @@ class ReplicaASGI:
 
     async def _body(self, scope, receive) -> bytes:
         """The body, refused with 413 from its Content-Length before any of it is read, when it has one."""
-        limit = self.limits.max_body_bytes
-        length = Headers(scope=scope).get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise RequestRefused(413, f"request body is over {limit} bytes (security.limits.max_body_bytes)")
+        limit = self.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                raise RequestRefused(
+                    413, f"request body is over {limit} bytes (security.limits.max_body_bytes)"
+                )
         return await _read_body(receive, limit)
 
     async def _generate(self, scope, receive, send, path: str) -> None:
@@ -164,7 +168,7 @@ class ReplicaASGI:
         request = parse_json_body(body)
         sequences = 1
         if isinstance(request, Mapping):  # vLLM answers other JSON itself
-            check_limits(request, self.limits)
+            check_limits(request, self.caps)
             sequences = sequences_asked(request)
         if self.gate is not None and not self.gate.admit(sequences):
             raise RequestRefused(
@@ -211,6 +215,8 @@ class ReplicaASGI:
             await self._generate(scope, receive, send_and_watch, path)
         except RequestRefused as refused:
             await self._refuse(send_and_watch, refused)
+        except _ClientGone:
+            status = 499  # the client left while sending its body (nginx's and Ray's code for it)
         finally:
             self.generating -= 1
             request_started_at.reset(token)

@@ -137,30 +137,37 @@ def _int_field(body: Mapping[str, Any], name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _over(body: Mapping[str, Any], name: str, limit: int | None, setting: str) -> None:
-    value = _int_field(body, name)
-    if limit is not None and value is not None and value > limit:
-        raise RequestRefused(
-            400, f"{name} is {value}; this server accepts at most {limit} (security.limits.{setting})", name
-        )
-
-
 _INT64_END = 1 << 63
 
 
-def check_limits(body: Mapping[str, Any], limits: RequestLimits) -> None:
-    """Raises RequestRefused(400) naming the first field of a generation request over a limit, or holding
-    an integer beyond 64 bits (vLLM's sampling code would fail on it with a 500)."""
-    for name, value in body.items():
-        if isinstance(value, int) and not -_INT64_END <= value < _INT64_END:
-            raise RequestRefused(400, f"{name} is outside the range of a 64-bit integer", str(name))
-    _over(body, "n", limits.max_n, "max_n")
-    _over(body, "best_of", limits.max_n, "max_n")
-    for name in ("max_tokens", "max_completion_tokens", "min_tokens"):
-        _over(body, name, limits.max_tokens, "max_tokens")
+def field_caps(limits: RequestLimits) -> dict[str, tuple[int, str]]:
+    """Each capped request field -> (its limit, the setting that holds it)."""
+    caps = {"n": (limits.max_n, "max_n"), "best_of": (limits.max_n, "max_n")}
+    if limits.max_tokens is not None:
+        for name in ("max_tokens", "max_completion_tokens", "min_tokens"):
+            caps[name] = (limits.max_tokens, "max_tokens")
     # /v1/completions' logprobs is a count; chat's is a switch with the count in top_logprobs.
     for name in ("logprobs", "top_logprobs", "prompt_logprobs"):
-        _over(body, name, limits.max_logprobs, "max_logprobs")
+        caps[name] = (limits.max_logprobs, "max_logprobs")
+    return caps
+
+
+def check_limits(body: Mapping[str, Any], caps: Mapping[str, tuple[int, str]]) -> None:
+    """Raises RequestRefused(400) naming the first field of a generation request over its cap (see
+    field_caps), or holding an integer beyond 64 bits (vLLM's sampling code fails on it with a 500).
+    Fields of other types are left to vLLM's validation, which names them; one pass over the body."""
+    for name, value in body.items():
+        if type(value) is not int:  # not isinstance: a bool is not a count
+            continue
+        if not -_INT64_END <= value < _INT64_END:
+            raise RequestRefused(400, f"{name} is outside the range of a 64-bit integer", str(name))
+        cap = caps.get(name)
+        if cap is not None and value > cap[0]:
+            raise RequestRefused(
+                400,
+                f"{name} is {value}; this server accepts at most {cap[0]} (security.limits.{cap[1]})",
+                name,
+            )
 
 
 def sequences_asked(body: Mapping[str, Any]) -> int:

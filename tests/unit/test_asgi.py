@@ -167,3 +167,28 @@ def test_a_full_queue_refuses_with_retry_after_and_admits_again_once_a_request_e
     assert status == 503 and headers[b"retry-after"] == b"1"
     assert error_of(body)["type"] == "ServiceUnavailableError"
     assert [d[0] for d in done] == [200, 200] and again[0] == 200
+
+
+def test_a_client_that_leaves_while_sending_its_body_gets_no_answer_and_the_app_no_call():
+    app, inner = layer()
+    messages = [
+        {"type": "http.request", "body": b'{"messages"', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict] = []
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": CHAT,
+        "root_path": "",
+        "headers": [(b"authorization", b"Bearer key-one")],
+    }
+    run(app(scope, receive, send))
+    assert sent == [] and inner.calls == [] and app.generating == 0

@@ -13,6 +13,7 @@ from serve_app.serving.request_guard import (
     AdmissionGate,
     RequestRefused,
     check_limits,
+    field_caps,
     open_routes,
     openai_error_body,
     parse_api_keys,
@@ -151,17 +152,17 @@ LIMIT_CASES = [
 @pytest.mark.parametrize("case,body,param", LIMIT_CASES, ids=[c[0] for c in LIMIT_CASES])
 def test_limits_refuse_the_field_over_its_limit(case, body, param):
     if param is None:
-        check_limits(body, LIMITS)
+        check_limits(body, field_caps(LIMITS))
         return
     with pytest.raises(RequestRefused) as refused:
-        check_limits(body, LIMITS)
+        check_limits(body, field_caps(LIMITS))
     assert (refused.value.status, refused.value.param) == (400, param)
     setting = "64-bit integer" if "64 bits" in case else "security.limits."
     assert param in refused.value.message and setting in refused.value.message
 
 
 def test_without_a_token_limit_any_max_tokens_passes_to_vllm():
-    check_limits({"max_tokens": 10**6, "n": 16}, RequestLimits())
+    check_limits({"max_tokens": 10**6, "n": 16}, field_caps(RequestLimits()))
 
 
 @pytest.mark.parametrize(
