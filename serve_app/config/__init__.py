@@ -21,6 +21,7 @@ from serve_app.config.schema import (
     SpeculativeSection,
 )
 from serve_app.config.security import SecuritySection
+from serve_app.config.workload import WorkloadSection
 
 __all__ = [
     "DEFAULT_CONFIG_DIR",
@@ -33,6 +34,7 @@ __all__ = [
     "SLOSection",
     "SecuritySection",
     "SpeculativeSection",
+    "WorkloadSection",
     "available_envs",
     "deep_merge",
     "load_config",

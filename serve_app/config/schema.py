@@ -36,6 +36,7 @@ from serve_app.config.vocabulary import (
     SpeculativeMethod,
     TensorParallelSize,
 )
+from serve_app.config.workload import WorkloadSection
 
 _SECTION_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -512,6 +513,7 @@ class HeadroomConfig(BaseModel):
         default_factory=SecuritySection,
         description="What the deployment exposes: API keys, routes, request limits, overload refusal.",
     )
+    workload: WorkloadSection = Field(default_factory=WorkloadSection, description=WorkloadSection.__doc__)
 
     @field_validator("route_prefix")
     @classmethod

@@ -165,14 +165,14 @@ class OverloadSettings(BaseModel):
     model_config = _SECTION_CONFIG
 
     queue_fraction: float = Field(
-        default=0,
+        default=0.25,
         ge=0,
         le=8,
         description=(
             "Requests a replica queues beyond the plan's max_num_seqs (its safe concurrency), as a "
-            "fraction of it, rounded up: 0.25 with max_num_seqs 32 admits 32 + 8. 0 admits only what the "
+            "fraction of it, rounded up: 0.25 with max_num_seqs 32 admits 32 + 8; 0 admits only what the "
             "engine runs at once. A queued request waits for a running one to finish, so its TTFT grows "
-            "by up to a whole generation: a queue trades TTFT for fewer refusals (docs/security.md)."
+            "by up to a whole generation: a queue absorbs bursts at the cost of TTFT (docs/security.md)."
         ),
     )
     status: OverloadStatus = Field(

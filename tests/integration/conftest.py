@@ -108,8 +108,7 @@ def cluster() -> Cluster:
     os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
     # The draft app's replica reads its key from the environment Ray's processes start with.
     os.environ[DRAFT_KEYS_ENV] = f"draft-{secrets.token_urlsafe(24)}"
-    # address="local": a new cluster even when /tmp/ray/ray_current_cluster names another (a `ray start`
-    # cluster, live or stopped without `ray stop`), which plain ray.init() would try to join.
+    # A new local cluster, whatever /tmp/ray/ray_current_cluster points at (a stale one fails the session).
     ray.init(
         address="local",
         num_cpus=8,

@@ -18,10 +18,10 @@ import ray
 import yaml
 from ray import serve
 
+import serve_app.rollout as ro
 from autoscale.replica_stats import NUM_REQUESTS_RUNNING
 from loadtests.processes import serve_replicas
 from serve_app.models.resolve import resolve_models
-from serve_app.rollout import operations as ro
 from serve_app.serving.engine import build_app, parse_serve_args
 from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
 from serve_app.serving.request_guard import open_routes
