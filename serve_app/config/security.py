@@ -38,8 +38,11 @@ _KEY_FIELD_NAMES = frozenset({"api_key", "key", "keys", "token", "tokens", "secr
 
 
 def _refuse_key_fields(data: object) -> None:
+    """Refuses a mapping that holds a key: under a key-like name, or as the value of api_keys itself."""
     if isinstance(data, Mapping):
         raise_if([(str(name), _KEY_IN_CONFIG) for name in data if name in _KEY_FIELD_NAMES])
+        if isinstance(data.get("api_keys"), (str, list)):
+            raise_if([("api_keys", _KEY_IN_CONFIG)])
 
 
 class APIKeysSource(BaseModel):
@@ -237,8 +240,6 @@ class SecuritySection(BaseModel):
     @classmethod
     def _no_key_fields(cls, data: object) -> object:
         _refuse_key_fields(data)
-        if isinstance(data, Mapping) and isinstance(data.get("api_keys"), (str, list)):
-            raise_if([("api_keys", _KEY_IN_CONFIG)])
         return data
 
     @field_validator("optional_routes", mode="before")
