@@ -15,26 +15,14 @@ import psutil
 import pytest
 from ray import serve
 
+from loadtests.processes import serve_replicas
+from tests.integration.conftest import engine_core_of
+
 pytestmark = pytest.mark.integration
 
 
-def replica_processes(app: str) -> list[psutil.Process]:
-    title = f"ServeReplica:{app}:LLMServer"
-    return [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if (p.info["cmdline"] or [""])[0].startswith("ray::") and title in (p.info["cmdline"] or [""])[0]
-    ]
-
-
-def engine_core_of(replica: psutil.Process) -> psutil.Process:
-    cores = [c for c in replica.children(recursive=True) if "EngineCore" in " ".join(c.cmdline())]
-    assert len(cores) == 1, cores
-    return cores[0]
-
-
 def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(cluster):
-    [replica] = replica_processes("draft")
+    [replica] = serve_replicas("draft")
     core = engine_core_of(replica)
 
     result: dict = {}
@@ -43,6 +31,7 @@ def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(clus
         result["response"] = httpx.post(
             f"{cluster.base_url}/draft/v1/completions",
             json={"model": "tiny-qwen3-drafted", "prompt": "long", "max_tokens": 1900, "ignore_eos": True},
+            headers=cluster.auth("/draft"),
             timeout=120,
         )
 
@@ -65,7 +54,7 @@ def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(clus
     # Serve's health check sees the dead engine, replaces the replica, and the app serves again.
     deadline = time.time() + 300
     while time.time() < deadline:
-        new = [p for p in replica_processes("draft") if p.pid != replica.pid]
+        new = [p for p in serve_replicas("draft") if p.pid != replica.pid]
         status = serve.status().applications["draft"].status
         if new and status == "RUNNING":
             break
@@ -79,7 +68,7 @@ def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(clus
 def test_hard_killed_replica_leaves_no_engine_behind(cluster):
     """A replica killed with SIGKILL cannot stop its engine; the raylet (subreaper) must reap it, or the
     orphan would keep holding the accelerator's memory from the replacement."""
-    [replica] = replica_processes("draft")
+    [replica] = serve_replicas("draft")
     core = engine_core_of(replica)
     os.kill(replica.pid, signal.SIGKILL)
     try:
@@ -89,7 +78,7 @@ def test_hard_killed_replica_leaves_no_engine_behind(cluster):
         pytest.fail("the engine core outlived its killed replica by 30 s")
     deadline = time.time() + 300
     while time.time() < deadline:
-        new = [p for p in replica_processes("draft") if p.pid != replica.pid]
+        new = [p for p in serve_replicas("draft") if p.pid != replica.pid]
         if new and serve.status().applications["draft"].status == "RUNNING":
             break
         time.sleep(2)
