@@ -101,7 +101,7 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
       --replicas 2 --side-call-rounds 0 --max-tokens 64 --out "$work" \
       --profiles ${ROUTING_PROFILES:-shared-prefix:64:$step_s random:64:$step_s multi-turn:64:$step_s} \
       ${ROUTING_ARGS:-} > "$work/bench_routing.log" 2>&1 || echo "bench_routing: exit $?" >> "$work/bench_routing.log"
-    ray stop --force >/dev/null 2>&1 || true
+    tail -40 "$work/report.md" 2>/dev/null || tail -40 "$work/bench_routing.log"
     ;;
   *) echo "unknown phase $phase (diag | overhead | scale | ladder 1|2 | routing)" >&2; exit 2 ;;
 esac
