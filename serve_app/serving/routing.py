@@ -38,17 +38,21 @@ PROMPT_PREFIX_TOKENS = 64
 LOAD_FACTOR = 1.25
 """A replica may hold up to this multiple of the average load before its keys spill (bounded-load
 consistent hashing, Mirrokni et al. 2018, with epsilon 0.25)."""
-LOAD_SLACK = 2
+LOAD_SLACK = 3
 """...or up to this many requests above the least loaded replica, so that affinity survives light load,
-where one request more is already far above the average."""
+where one request more is already far above the average. 3, not 2: the estimate can count a request twice
+for up to TRANSIT_S, and with 2 that alone spilled turns of two clients sharing a replica
+(tests/unit/test_routing.py, test_two_clients_on_one_replica_never_spill)."""
 PROBE_INTERVAL_S = 0.1
 """How often, while requests arrive, the router asks replicas for their in-flight counts."""
 PROBE_DEADLINE_S = 0.25
 """How long the router waits for a replica's count (its event loop also runs the engine's output); a late
 answer keeps the previous estimate."""
-TRANSIT_S = 0.05
+TRANSIT_S = 0.01
 """A request the router sent this shortly before a probe may not be in the replica's count yet (HAProxy
-and the replica's event loop still have it), so it stays in the estimate on top of the count."""
+and the replica's event loop still have it), so it stays in the estimate on top of the count. Short: one
+that is in the count already is counted twice meanwhile, and spurious spills break the affinity that is
+the point; one that takes longer is missing from the estimate until the next probe (PROBE_INTERVAL_S)."""
 
 
 def routing_key(body: bytes, session_id: str | None) -> str | None:
