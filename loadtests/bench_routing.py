@@ -332,6 +332,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profiles", nargs="*", default=["shared-prefix:4:40", "multi-turn:4:40"],
                    help="PROFILE:CONCURRENCY:SECONDS, each measured in every routing mode")  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="effect measurements per mode, order alternating")
+    p.add_argument("--first-mode", choices=MODES, default=MODES[0], help="measured first in the first repeat")
     p.add_argument("--side-call-rounds", type=int, default=4, help="0 skips the side-call measurement")
     p.add_argument("--side-call-requests", type=int, default=20, help="requests per mode and round")
     p.add_argument("--max-tokens", type=int, default=32)
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> None:
             measure_side_call(cfg, args, base_url, report)
             write(report, args.out)
         for repeat in range(args.repeats):
-            for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
+            first = MODES.index(args.first_mode)
+            for mode in MODES if (repeat + first) % 2 == 0 else MODES[::-1]:
                 report["effect"] += [
                     {**row, "repeat": repeat} for row in measure_mode(cfg, mode, args, base_url)
                 ]
