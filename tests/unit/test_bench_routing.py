@@ -71,6 +71,7 @@ def test_report_renders_partial_results() -> None:
         "command": "python -m loadtests.bench_routing",
         "side_call": {
             "requests_per_mode": 4,
+            "prompts_left_out": 1,
             "max_tokens": 8,
             "ttft_p50_ms": {"least_loaded": 40.0, "prefix_affinity": 43.0},
             "delta_ms": 3.0,
