@@ -37,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests import raw_stats
 from loadtests.ladder import LADDER_CLUSTER_ENV, REQUEST_TIMEOUT_S, step_results, versions
+from loadtests.ladder_report import compress
 from loadtests.machine import describe
 from loadtests.measure import percentile
 from loadtests.smoke import locust_command
@@ -72,13 +73,24 @@ def scrape() -> dict[str, list[tuple[dict[str, str], float]]]:
     return samples
 
 
+def app_replica_ids(app: str) -> set[str]:
+    """The unique ids of the app's LLMServer replicas now (Serve names their actors
+    SERVE_REPLICA::<app>#<deployment>#<id>; vLLM's counters carry the id as ReplicaId)."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app}#LLMServer#"
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return {a["name"].removeprefix(prefix) for a in named if a["name"].startswith(prefix)}
+
+
 def counters(model: str, app: str) -> dict[str, Any]:
-    """The app's prefix-cache counters by replica and its router's decisions, as exported now."""
-    samples = scrape()
+    """The app's prefix-cache counters by replica and its router's decisions, as exported now. Only this
+    app's replicas: those of apps deleted before it (same served model) are still exported."""
+    samples, replicas = scrape(), app_replica_ids(app)
     cache: dict[str, dict[str, float]] = {}
     for key, name in (("hits", HITS), ("queries", QUERIES)):
         for labels, value in samples.get(name, []):
-            if labels.get("model_name") == model:
+            if labels.get("model_name") == model and labels.get("ReplicaId") in replicas:
                 replica = cache.setdefault(labels.get("ReplicaId", ""), {"hits": 0.0, "queries": 0.0})
                 replica[key] += value
     decisions: dict[str, float] = {}
@@ -222,6 +234,7 @@ def measure_mode(cfg: HeadroomConfig, mode: str, args: argparse.Namespace, base_
         raw = args.out / f"raw_{mode}_{profile}_c{concurrency}_{len(list(args.out.glob('raw_*')))}.jsonl"
         run_locust(url, model, profile, ladder, raw, args)
         [step] = step_results(raw_stats.load_records(raw), [int(concurrency)])
+        compress(raw)
         after = settled_counters(model, name)
         rows.append({"mode": mode, "profile": profile, **asdict(step), **deltas(before, after)})
         before = after
@@ -249,9 +262,26 @@ def comparisons(effect: list[dict]) -> list[dict]:
                 "ttft_p50_ratio_ll_over_pa": ll["ttft_p50_ms"] / pa["ttft_p50_ms"],
                 "ttft_p50_delta_ms": pa["ttft_p50_ms"] - ll["ttft_p50_ms"],
                 "throughput_ratio_pa_over_ll": pa["output_tokens_per_s"] / ll["output_tokens_per_s"],
+                **per_repeat(effect, profile, c),
             }
         )
     return out
+
+
+def per_repeat(effect: list[dict], profile: str, c: int) -> dict[str, list[float]]:
+    """The spread: prefix_affinity minus least_loaded TTFT p50, and their throughput ratio, per repeat that
+    measured both."""
+    by_repeat: dict[int, dict[str, dict]] = {}
+    for r in effect:
+        if (r["profile"], r["concurrency"]) == (profile, c):
+            by_repeat.setdefault(r.get("repeat", 0), {})[r["mode"]] = r
+    pairs = [(m["least_loaded"], m["prefix_affinity"]) for _, m in sorted(by_repeat.items()) if len(m) == 2]
+    return {
+        "repeat_ttft_p50_delta_ms": [pa["ttft_p50_ms"] - ll["ttft_p50_ms"] for ll, pa in pairs],
+        "repeat_throughput_ratio": [
+            pa["output_tokens_per_s"] / ll["output_tokens_per_s"] for ll, pa in pairs
+        ],
+    }
 
 
 def side_call_lines(side: dict) -> list[str]:
@@ -273,11 +303,13 @@ def effect_lines(effect: list[dict], compared: list[dict]) -> list[str]:
         "## The effect",
         "",
         "| profile | c | routing | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | output tok/s | errors "
-        "| prefix-cache hit rate (per replica) | router: preferred / spilled / no key |",
+        "| prefix-cache hit rate (per replica that got requests) | router: preferred / spilled / no key |",
         "|---|---:|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in effect:
-        per = ", ".join(f"{rid} {v['hit_rate']:.0%}" for rid, v in r["replicas"].items())
+        per = ", ".join(
+            f"{rid} {v['hit_rate']:.0%}" for rid, v in r["replicas"].items() if v["queried_tokens"]
+        )
         d = r["decisions"]
         routed_by = " / ".join(f"{d.get(k, 0):.0f}" for k in ("preferred", "spilled", "no_key")) if d else "-"
         lines.append(
@@ -287,14 +319,19 @@ def effect_lines(effect: list[dict], compared: list[dict]) -> list[str]:
         )
     lines += [
         "",
+        "Means over repeats; per repeat in brackets (the spread).",
+        "",
         "| profile | c | TTFT p50 least_loaded / prefix_affinity | TTFT p50 delta ms "
         "| throughput prefix_affinity / least_loaded |",
         "|---|---:|---:|---:|---:|",
     ]
     for c in compared:
+        deltas_text = ", ".join(f"{d:+.1f}" for d in c["repeat_ttft_p50_delta_ms"])
+        ratios_text = ", ".join(f"x{x:.3f}" for x in c["repeat_throughput_ratio"])
         lines.append(
             f"| {c['profile']} | {c['concurrency']} | x{c['ttft_p50_ratio_ll_over_pa']:.2f} | "
-            f"{c['ttft_p50_delta_ms']:+.1f} | x{c['throughput_ratio_pa_over_ll']:.3f} |"
+            f"{c['ttft_p50_delta_ms']:+.1f} ({deltas_text}) | x{c['throughput_ratio_pa_over_ll']:.3f} "
+            f"({ratios_text}) |"
         )
     return lines
 

@@ -37,8 +37,9 @@ def test_hit_rates_are_per_replica_deltas() -> None:
     assert d["decisions"] == {"preferred": 7.0, "spilled": 2.0}
 
 
-def row(mode: str, ttft_ms: float, tokens_per_s: float, profile: str = "multi-turn") -> dict:
+def row(mode: str, ttft_ms: float, tokens_per_s: float, profile: str = "multi-turn", repeat: int = 0) -> dict:
     return {
+        "repeat": repeat,
         "mode": mode,
         "profile": profile,
         "concurrency": 4,
@@ -51,15 +52,17 @@ def test_comparisons_pool_repeats_and_skip_unpaired_profiles() -> None:
     effect = [
         row("least_loaded", 100, 50),
         row("prefix_affinity", 40, 60),
-        row("prefix_affinity", 60, 60),
-        row("least_loaded", 100, 50),
+        row("prefix_affinity", 60, 60, repeat=1),
+        row("least_loaded", 100, 40, repeat=1),
         row("least_loaded", 10, 10, profile="random"),  # its prefix_affinity run was cut short
     ]
     [c] = comparisons(effect)
     assert c["profile"] == "multi-turn"
     assert c["ttft_p50_ratio_ll_over_pa"] == pytest.approx(2.0)
     assert c["ttft_p50_delta_ms"] == pytest.approx(-50.0)
-    assert c["throughput_ratio_pa_over_ll"] == pytest.approx(1.2)
+    assert c["throughput_ratio_pa_over_ll"] == pytest.approx(60 / 45)
+    assert c["repeat_ttft_p50_delta_ms"] == pytest.approx([-60.0, -40.0])  # the spread, per repeat
+    assert c["repeat_throughput_ratio"] == pytest.approx([1.2, 1.5])
 
 
 def test_report_renders_partial_results() -> None:
