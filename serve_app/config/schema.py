@@ -365,8 +365,9 @@ class DeploymentSection(BaseModel):
             "the replica with the fewest connections (one hop). 'prefix_affinity': a small router tells "
             "HAProxy, per POST, the replica that served the same session, conversation opening or prompt "
             "start before (rendezvous hashing), unless that replica is over its bounded share of the load, "
-            "so prefixes meet a warm prefix cache; it costs one side call per POST (a few ms) and pays with "
-            "2+ replicas and multi-turn or session traffic."
+            "so prefixes meet a warm prefix cache; it costs one side call per POST (a few ms) and is meant "
+            "for 2+ replicas with multi-turn or session traffic (results/bench_routing: on the CPU box it "
+            "did not pay)."
         ),
     )
     health_check_period_s: float = Field(
