@@ -91,13 +91,15 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
     ;;
   routing)
     # Two replicas (one GPU each) deployed fresh per routing mode, least_loaded then prefix_affinity; each
-    # measured with Locust at concurrency 64 on the profiles below (loadtests/bench_routing.py). The time
-    # limit ends it with its partial report if the engines start cold (about 4 min for the first one).
-    # ROUTING_CONFIG and ROUTING_ARGS let the same phase run on the CPU build with small numbers.
+    # measured with Locust at concurrency 64 on the profiles below (loadtests/bench_routing.py): about
+    # 7.5 min with warm compile caches. The time limit ends it with its partial report if the engines start
+    # cold (about 4 min for the first one). One repeat per call: for the spread, a second call with
+    # ROUTING_ARGS="--first-mode prefix_affinity". ROUTING_CONFIG and ROUTING_ARGS also let the same phase
+    # run on the CPU build with small numbers.
     read -r -a routing_config <<< "${ROUTING_CONFIG:-${config[*]}}"
     step_s=${ROUTING_STEP_S:-25}
     # shellcheck disable=SC2086  # the profile list and extra arguments are word lists
-    timeout "${ROUTING_TIMEOUT_S:-540}" python3 -m loadtests.bench_routing --config "${routing_config[@]}" \
+    timeout "${ROUTING_TIMEOUT_S:-520}" python3 -m loadtests.bench_routing --config "${routing_config[@]}" \
       --replicas 2 --side-call-rounds 0 --max-tokens 64 --out "$work" \
       --profiles ${ROUTING_PROFILES:-shared-prefix:64:$step_s random:64:$step_s multi-turn:64:$step_s} \
       ${ROUTING_ARGS:-} > "$work/bench_routing.log" 2>&1 || echo "bench_routing: exit $?" >> "$work/bench_routing.log"
