@@ -91,8 +91,9 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
     ;;
   routing)
     # Two replicas (one GPU each) deployed fresh per routing mode, least_loaded then prefix_affinity; each
-    # measured with Locust at concurrency 64 on the profiles below (loadtests/bench_routing.py): about
-    # 7.5 min with warm compile caches. The time limit ends it with its partial report if the engines start
+    # measured with Locust at concurrency 64 on the profiles below (loadtests/bench_routing.py): by estimate
+    # 7.5 min with warm compile caches (two ~65 s engine starts, results/gpu/README.md, 3 x 25 s of load and
+    # the counters settling per mode). The time limit ends it with its partial report if the engines start
     # cold (about 4 min for the first one). One repeat per call: for the spread, a second call with
     # ROUTING_ARGS="--first-mode prefix_affinity". ROUTING_CONFIG and ROUTING_ARGS also let the same phase
     # run on the CPU build with small numbers.
