@@ -22,7 +22,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
-from autoscale.replica_stats import SchedulerSnapshot
+from autoscale.replica_stats import EngineStats
 from serve_app.serving.asgi import ReplicaASGI
 from serve_app.serving.metrics import ServingMetrics, request_started_at
 
@@ -103,23 +103,31 @@ class InstrumentedAsyncLLM(AsyncLLM):
         await super().check_health()
 
 
-def scheduler_snapshot_logger(snapshot: SchedulerSnapshot) -> type[StatLoggerBase]:
-    """A vLLM stat logger that keeps the scheduler's latest running/waiting/KV numbers in `snapshot`."""
+def engine_stats_logger(stats: EngineStats) -> type[StatLoggerBase]:
+    """A vLLM stat logger that feeds every engine step into `stats` (autoscale/replica_stats.py): the
+    scheduler's running/waiting/KV numbers and the step's prompt, generated and finished counts."""
 
-    class SchedulerSnapshotLogger(StatLoggerBase):
+    class EngineStatsLogger(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            if scheduler_stats is not None:
-                snapshot.num_running = scheduler_stats.num_running_reqs
-                snapshot.num_waiting = scheduler_stats.num_waiting_reqs
-                snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
+            if scheduler_stats is None or iteration_stats is None:
+                return
+            stats.record_step(
+                iteration_stats.iteration_timestamp,
+                num_running=scheduler_stats.num_running_reqs,
+                num_waiting=scheduler_stats.num_waiting_reqs,
+                kv_cache_usage=scheduler_stats.kv_cache_usage,
+                prompt_tokens=iteration_stats.num_prompt_tokens,
+                generation_tokens=iteration_stats.num_generation_tokens,
+                finished=len(iteration_stats.finished_requests),
+            )
 
         def log_engine_initialized(self):
             pass
 
-    return SchedulerSnapshotLogger
+    return EngineStatsLogger
 
 
 async def start_engine(args: argparse.Namespace, metrics: ServingMetrics) -> InstrumentedAsyncLLM:
@@ -129,7 +137,7 @@ async def start_engine(args: argparse.Namespace, metrics: ServingMetrics) -> Ins
     engine = InstrumentedAsyncLLM.from_vllm_config(
         vllm_config=vllm_config,
         usage_context=UsageContext.OPENAI_API_SERVER,
-        stat_loggers=[RayPrometheusStatLogger, scheduler_snapshot_logger(metrics.window.scheduler)],
+        stat_loggers=[RayPrometheusStatLogger, engine_stats_logger(metrics.window.engine)],
         enable_log_requests=engine_args.enable_log_requests,
         disable_log_stats=engine_args.disable_log_stats,
     )
