@@ -54,9 +54,9 @@ TUNING_SEEDS = (1, 2)
 JUDGING_SEEDS = tuple(range(101, 111))
 PEAK_RPS_RANGE = (135.0, 185.0)
 """Peak arrival rates the synthetic traces draw from (static 99% fleets of about 8-12 replicas)."""
-PRODUCTION_RATE_SCALE = 28.0
-"""Scales the production-format CSV (about 5 requests/s, like Azure's 2023 conversation trace) to the
-same fleet size as the synthetic traces."""
+PRODUCTION_RATE_SCALE = 6.5
+"""Scales the production-format CSV (6.9 requests/s on average, 23 in its busiest minute) so that its
+busiest minute, about 150 requests/s, needs a static fleet of about the synthetic traces' size."""
 PRODUCTION_CSV = Path(__file__).resolve().parent / "data" / "synthetic_production_format.csv"
 
 
