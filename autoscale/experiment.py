@@ -73,7 +73,9 @@ def load_deployment(
     planned for (the traces peak beyond configs/prod.yaml's bound of 8 replicas)."""
     data = json.loads(Path(path).read_text())
     settings = AutoscalingSettings(**data["autoscaling"])
-    settings = settings.model_copy(update={"max_replicas": max(settings.max_replicas, data["replicas_that_fit"])})
+    settings = settings.model_copy(
+        update={"max_replicas": max(settings.max_replicas, data["replicas_that_fit"])}
+    )
     return Deployment(
         settings=settings,
         ttft_target_ms=float(data["ttft_target_ms"]),
