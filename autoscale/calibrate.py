@@ -13,9 +13,10 @@ value (the points here cannot tell it from the per-sequence decode cost).
 
 ``--vllm-bench PATH...`` adds `vllm bench serve --save-result` runs (closed loop at ``--max-concurrency``,
 lengths from their token totals). ``--ladder PATH:PROMPT_TOKENS`` adds every step of a ``headroom ladder``
-run (its recommended setting) as a point, with the prompt length the ladder sent and the ladder's ``max_tokens`` as output. Each point
-lists the metrics the fit matches (``fit``); the step model has no API-server queue, so TTFT at high
-concurrency is kept as a check, not fitted (the file's points show how far off it is).
+run (its recommended setting) as a point, with the prompt length the ladder sent and the ladder's
+``max_tokens`` as output. Each point lists the metrics the fit matches (``fit``); the step model has no
+API-server queue, so TTFT at high concurrency is kept as a check, not fitted (the file's points show how
+far off it is).
 """
 
 from __future__ import annotations

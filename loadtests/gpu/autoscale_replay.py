@@ -1,11 +1,11 @@
 """The simulator against real GPUs: one trace replayed on a headroom deployment with the policy on (min 1,
 max 2 replicas), and the simulator's prediction for the same arrivals and start-up time.
 
-    python -m loadtests.gpu.autoscale_replay --out OUT [--config configs/base.yaml loadtests/gpu/qwen3-8b.yaml]
+    python -m loadtests.gpu.autoscale_replay --out OUT [--config configs/base.yaml ...] [--predict-only]
 
 1. The trace: the --duration-s of the synthetic production-format trace (autoscale/scenarios.py) with the
-   highest peak against its mean, peaking in its middle third, arrivals per 10 s as open-loop rate steps, scaled so its peak needs
-   about 1.4 replicas of the simulated capacity for --prompt-tokens/--max-tokens requests.
+   highest peak against its mean, peaking in its middle third, arrivals per 10 s as open-loop rate steps,
+   scaled so its peak needs about 1.4 replicas of the simulated capacity for --prompt-tokens/--max-tokens.
 2. The run: Ray Serve with the policy as configs/prod.yaml sets it (bounds min 1, max 2); Locust's open-loop
    shape (loadtests/shapes.py: the same arrival schedule for the same seed) sends the requests, random
    prompts of --prompt-tokens and exactly --max-tokens output (ignore_eos); Serve's replica states are
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from autoscale.experiment import Deployment
 from autoscale.calibration import EngineLimits, load_calibration
+from autoscale.experiment import Deployment
 from autoscale.inputs import PolicyConfig
 from autoscale.scenarios import PRODUCTION_CSV, production_format_csv
-from autoscale.sim import HeadroomPolicy, SimSetup, StaticPolicy, simulate
+from autoscale.sim import HeadroomPolicy, StaticPolicy, simulate
 from autoscale.workload import RequestTrace, read_trace_csv
 from loadtests import raw_stats, workloads
 from loadtests.gpu.scale import APP, ReplicaWatch, autoscaler_log_lines, variant
@@ -83,7 +83,9 @@ def steps_spec(rates: np.ndarray) -> str:
     return ",".join(f"{r:.2f}:{BIN_S:g}" for r in rates)
 
 
-def predict(dep: Deployment, arrivals: list[float], args: argparse.Namespace, startup_s: float) -> dict[str, Any]:
+def predict(
+    dep: Deployment, arrivals: list[float], args: argparse.Namespace, startup_s: float
+) -> dict[str, Any]:
     trace = fixed_trace(arrivals, args.prompt_tokens, args.max_tokens, args.duration_s)
     config = PolicyConfig(dep.settings, dep.ttft_target_ms, dep.limits.max_num_seqs)
     result = simulate(trace, HeadroomPolicy(config), dep.setup(args.seed, 1, startup_s=startup_s))
@@ -100,36 +102,82 @@ def deployment_for(cfg: HeadroomConfig) -> Deployment:
     assert cfg.deployment.autoscaling is not None
     plan = plan_config(cfg, cluster_spec(cfg, gpus_per_node=2))
     limits = EngineLimits(
-        plan.max_num_seqs, plan.max_num_batched_tokens, plan.kv_cache_tokens_per_replica,
+        plan.max_num_seqs,
+        plan.max_num_batched_tokens,
+        plan.kv_cache_tokens_per_replica,
         cfg.deployment.max_ongoing_requests,
-    )  # fmt: skip
-    return Deployment(cfg.deployment.autoscaling, cfg.slo.ttft_p95_ms, limits, load_calibration().cost, "default")
+    )
+    return Deployment(
+        cfg.deployment.autoscaling, cfg.slo.ttft_p95_ms, limits, load_calibration().cost, "default"
+    )
 
 
 def replay_config(base: HeadroomConfig) -> HeadroomConfig:
     prod = load_config_files(ROOT / "configs/base.yaml", ROOT / "configs/prod.yaml").deployment.autoscaling
     assert prod is not None
-    settings = {**prod.model_dump(mode="json"), "min_replicas": 1, "max_replicas": 2, "initial_replicas": None}
+    settings = {
+        **prod.model_dump(mode="json"),
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "initial_replicas": None,
+    }
     return variant(base, {"name": APP, "deployment": {"num_replicas": None, "autoscaling": settings}})
 
 
-def locust(url: str, model: str, steps: str, args: argparse.Namespace, raw: Path) -> subprocess.CompletedProcess[bytes]:
+def locust(
+    url: str, model: str, steps: str, args: argparse.Namespace, raw: Path
+) -> subprocess.CompletedProcess[bytes]:
     cmd = [
-        sys.executable, "-m", "locust", "-f", "loadtests/locustfile.py", "--headless", "--only-summary",
-        "--host", url, "--model", model, "--api", "completions", "--profile", "random",
-        "--input-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens),
-        "--tokens-per-word", "auto", "--arrival-rate", steps, "--max-in-flight", "1024",
-        "--seed", str(args.seed), "--raw-file", str(raw), "-t", f"{int(args.duration_s + 120)}s",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        "loadtests/locustfile.py",
+        "--headless",
+        "--only-summary",
+        "--host",
+        url,
+        "--model",
+        model,
+        "--api",
+        "completions",
+        "--profile",
+        "random",
+        "--input-tokens",
+        str(args.prompt_tokens),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--tokens-per-word",
+        "auto",
+        "--arrival-rate",
+        steps,
+        "--max-in-flight",
+        "1024",
+        "--seed",
+        str(args.seed),
+        "--raw-file",
+        str(raw),
+        "-t",
+        f"{int(args.duration_s + 120)}s",
+    ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=args.duration_s + 240)
 
 
-def measured(records: list[dict[str, Any]], samples: list[tuple[float, dict[str, int]]], load_t0: float, args: argparse.Namespace, target_ms: float) -> dict[str, Any]:
+def measured(
+    records: list[dict[str, Any]],
+    samples: list[tuple[float, dict[str, int]]],
+    load_t0: float,
+    args: argparse.Namespace,
+    target_ms: float,
+) -> dict[str, Any]:
     ok = [r for r in records if raw_stats.is_success(r) and r.get("ttft_s") is not None]
     under = sum(1 for r in ok if r["ttft_s"] * 1000 <= target_ms)
     in_window = [s for t, s in samples if load_t0 <= t < load_t0 + args.duration_s]
     alive = [sum(v for k, v in s.items() if k != "poll_error") for s in in_window]
-    asked = next((t for t, s in samples if t >= load_t0 and sum(v for k, v in s.items() if k != "poll_error") >= 2), None)
+    asked = next(
+        (t for t, s in samples if t >= load_t0 and sum(v for k, v in s.items() if k != "poll_error") >= 2),
+        None,
+    )
     running = next((t for t, s in samples if t >= load_t0 and s.get("RUNNING", 0) >= 2), None)
     return {
         "requests": len(records),
@@ -174,21 +222,30 @@ def run_on_gpus(cfg: HeadroomConfig, steps: str, args: argparse.Namespace) -> di
 
 
 def report(result: dict[str, Any]) -> str:
-    m, p, q = result["measured"], result["predicted_configured_startup"], result.get("predicted_measured_startup")
-    rows = [("measured on the GPUs", m), ("simulated, configured start-up", p)] + ([("simulated, measured start-up", q)] if q else [])
+    m, p, q = (
+        result["measured"],
+        result["predicted_configured_startup"],
+        result.get("predicted_measured_startup"),
+    )
+    rows = [("measured on the GPUs", m), ("simulated, configured start-up", p)] + (
+        [("simulated, measured start-up", q)] if q else []
+    )
     lines = [
         "# Autoscaling replay: simulator against H200s",
         "",
-        f"Trace: {result['trace']}. Policy: configs/prod.yaml's settings, min 1 / max 2 replicas; TTFT target "
-        f"{result['ttft_target_ms']:.0f} ms. Command: `{result['command']}`.",
+        f"Trace: {result['trace']}. Policy: configs/prod.yaml's settings, min 1 / max 2 replicas; "
+        f"TTFT target {result['ttft_target_ms']:.0f} ms. Command: `{result['command']}`.",
         "",
         "| | TTFT within target | replica-seconds | start-up s |",
         "|---|---:|---:|---:|",
-        *[f"| {name} | {r['attainment']:.2%} | {r['replica_seconds']:.0f} | {r.get('startup_s') or '-'} |" for name, r in rows],
+        *[
+            f"| {name} | {r['attainment']:.2%} | {r['replica_seconds']:.0f} | {r.get('startup_s') or '-'} |"
+            for name, r in rows
+        ],
         "",
-        f"Attainment difference (simulated at the measured start-up minus measured): {result['attainment_gap_pp']} pp "
-        "(target: within 2 pp).",
-    ]  # fmt: skip
+        "Attainment difference (simulated at the measured start-up minus measured): "
+        f"{result['attainment_gap_pp']} pp (target: within 2 pp).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -213,12 +270,13 @@ def main() -> None:
     arrivals = [a.at_s for a in workloads.arrival_times(workloads.parse_steps(steps), seed=args.seed)]
     result: dict[str, Any] = {
         "command": " ".join(["python -m loadtests.gpu.autoscale_replay", *sys.argv[1:]]),
-        "trace": f"{args.duration_s:.0f} s of the SYNTHETIC production-format trace, {len(arrivals)} requests of "
-        f"{args.prompt_tokens}/{args.max_tokens} tokens, peak {rates.max():.1f} rps (one simulated replica: {capacity:.1f})",
+        "trace": f"{args.duration_s:.0f} s of the SYNTHETIC production-format trace, {len(arrivals)} "
+        f"requests of {args.prompt_tokens}/{args.max_tokens} tokens, peak {rates.max():.1f} rps (one "
+        f"simulated replica: {capacity:.1f})",
         "ttft_target_ms": dep.ttft_target_ms,
         "arrival_rate_steps": steps,
         "predicted_configured_startup": predict(dep, arrivals, args, dep.settings.replica_startup_s),
-    }  # fmt: skip
+    }
     if not args.predict_only:
         result["measured"] = run_on_gpus(cfg, steps, args)
         startup = result["measured"]["startup_s"]
