@@ -1,4 +1,5 @@
-"""The short Locust load that gates a rollout (`headroom rollout`), as one headless subprocess.
+"""The short Locust load that gates a rollout (`headroom rollout`), as one headless subprocess, and the one
+builder of the Locust command line that every headless run uses (`locust_command`).
 
 serve_app.rollout decides pass or fail from the summary; the load itself lives here, with the other load
 generators, and the CLI hands `run_smoke_load` to the rollout.
@@ -8,38 +9,42 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from serve_app.rollout.operations import RolloutError, SmokeOptions
+from serve_app.rollout import RolloutError, SmokeOptions
+
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 
 
-def locustfile_path() -> Path:
-    import loadtests
-
-    return Path(loadtests.__file__).resolve().parent / "locustfile.py"
+def locust_command(
+    host: str, model: str, raw_file: Path, flags: Mapping[str, str | int | float]
+) -> list[str]:
+    """`python -m locust` headless on loadtests/locustfile.py against `host`, summary only, every request
+    written to `raw_file`; `flags` adds Locust's and the locustfile's own options, e.g. {"-u": 2,
+    "-t": "10s"} or {"--ladder": "1:15,4:15", "--seed": 0}."""
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary"]
+    cmd += ["--host", host, "--model", model, "--raw-file", str(raw_file)]
+    for flag, value in flags.items():
+        cmd += [flag, str(value)]
+    return cmd
 
 
 def smoke_command(base_url: str, model: str, raw_file: Path, opts: SmokeOptions) -> list[str]:
-    """The headless Locust run (loadtests/locustfile.py): closed loop, `users` streaming clients."""
-    flags = {
-        "-f": str(locustfile_path()),
-        "-u": str(opts.users),
-        "-r": str(opts.users),
+    """The smoke load: closed loop, `users` streaming clients for `duration_s`."""
+    flags: dict[str, str | int | float] = {
+        "-u": opts.users,
+        "-r": opts.users,
         "-t": f"{max(1, round(opts.duration_s))}s",
-        "--host": base_url,
-        "--model": model,
         "--profile": opts.profile,
         "--api": opts.api,
-        "--max-tokens": str(opts.max_tokens),
+        "--max-tokens": opts.max_tokens,
         "--request-timeout": f"{opts.request_timeout_s:g}",
-        "--raw-file": str(raw_file),
-        "--exit-code-on-error": "0",
+        # Failed requests are data for the gate (its error rate), not a failed run.
+        "--exit-code-on-error": 0,
     }
-    cmd = [sys.executable, "-m", "locust", "--headless", "--only-summary"]
-    for flag, value in flags.items():
-        cmd += [flag, value]
-    return cmd
+    return locust_command(base_url, model, raw_file, flags)
 
 
 def run_smoke_load(base_url: str, model: str, raw_file: Path, opts: SmokeOptions) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,6 +16,10 @@ from serve_app.cli.common import err, fail, out
 from serve_app.cli.rollout_commands import register as register_rollout_commands
 from serve_app.config import ConfigError, HeadroomConfig, available_envs, load_config_files, load_env_config
 from serve_app.config.vocabulary import APP_NAME_HINT, APP_NAME_PATTERN
+
+if TYPE_CHECKING:
+    from serve_app.planning.request import ClusterSpec
+    from serve_app.planning.result import Plan
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Deploy vLLM on Ray Serve, within budget.")
 model_app = typer.Typer(no_args_is_help=True, help="The embedded models headroom generates itself.")
@@ -56,36 +60,72 @@ def validate(env: EnvOption = None, config: ConfigOption = None) -> None:
     out.print_json(cfg.model_dump_json())
 
 
+GpusOption = Annotated[
+    int | None, typer.Option("--gpus", min=1, max=16, help="GPUs per node to plan for (default 1).")
+]
+NodesOption = Annotated[int, typer.Option("--nodes", min=1, max=4096, help="Nodes to plan for.")]
+GpuMemoryOption = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-memory-gib",
+        min=1,
+        max=1024,
+        help="GPU memory as torch reports it; default the config's, else the GPU type's.",
+    ),
+]
+
+
 @app.command("engine-args")
-def engine_args(env: EnvOption = None, config: ConfigOption = None) -> None:
-    """Print the `vllm serve` flags headroom gives the engine for a config."""
+def engine_args(
+    env: EnvOption = None,
+    config: ConfigOption = None,
+    gpus: GpusOption = None,
+    nodes: NodesOption = 1,
+    gpu_memory_gib: GpuMemoryOption = None,
+) -> None:
+    """Print the `vllm serve` flags each replica's engine gets, plan included, for a config planned on
+    --nodes x --gpus (a note on stderr says which flags the plan set); exit 1 when it does not fit."""
     from serve_app.models.resolve import resolve_models
-    from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
+    from serve_app.planning.from_config import cluster_spec
+    from serve_app.serving.engine_args import plan_engine, vllm_cli_args
 
     try:
         cfg = _load(env, config)
         models = resolve_models(cfg)
+        cluster = cluster_spec(cfg, nodes=nodes, gpus_per_node=gpus, gpu_memory_gib=gpu_memory_gib)
+        result, planned = plan_engine(cfg, models, cluster)
     except ConfigError as e:
         fail(e)
-    planned = PlannedEngine(tensor_parallel_size=cfg.engine.tensor_parallel_size or 1)
+    if not result.fits:
+        typer.echo("\n".join(f"error: {reason}" for reason in result.reasons), err=True)
+        raise typer.Exit(1)
+    typer.echo(_plan_note(cfg, cluster, result), err=True)
     print(shlex.join(vllm_cli_args(cfg, models, planned)))
+
+
+def _plan_note(cfg: HeadroomConfig, cluster: ClusterSpec, result: Plan) -> str:
+    """Which flags the plan set, and for which cluster: a replica on another cluster is planned again."""
+    from serve_app.planning.from_config import describe_cluster
+
+    on_gpu = cfg.resources.accelerator == "gpu"
+    from_plan = [f"--max-num-seqs {result.max_num_seqs} (config: {cfg.engine.max_num_seqs})"]
+    if on_gpu:
+        from_plan.insert(0, f"--tensor-parallel-size {result.tensor_parallel_size}")
+    return (
+        f"# planned for {describe_cluster(cfg, cluster)}; from the plan: {', '.join(from_plan)}; "
+        f"{result.max_num_seqs_without_preemption} sequences fit without preemption at max_model_len "
+        f"{result.max_model_len:,}."
+        + (" Deploying plans again for the live cluster's GPUs per node." if on_gpu else "")
+    )
 
 
 @app.command()
 def plan(
     config_files: ConfigFilesArgument = None,
     env: EnvOption = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", min=1, max=16, help="GPUs per node.")] = None,
-    nodes: Annotated[int, typer.Option("--nodes", min=1, max=4096, help="Nodes.")] = 1,
-    gpu_memory_gib: Annotated[
-        float | None,
-        typer.Option(
-            "--gpu-memory-gib",
-            min=1,
-            max=1024,
-            help="GPU memory as torch reports it; default the GPU type's.",
-        ),
-    ] = None,
+    gpus: GpusOption = None,
+    nodes: NodesOption = 1,
+    gpu_memory_gib: GpuMemoryOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Plan a config: TP size, replicas, placement bundles, KV-cache tokens and safe concurrency; exit 1
@@ -93,7 +133,7 @@ def plan(
     import json
 
     from serve_app.planning.from_config import cluster_spec, plan_config
-    from serve_app.planning.placement import render_plan_table
+    from serve_app.planning.result import render_plan_table
 
     try:
         cfg = _load(env, config_files)

@@ -1,8 +1,9 @@
 """`headroom render | diff | rollout | status`: config-driven rollouts on Ray Serve (serve_app/rollout/).
 
 serve_app/cli/commands.py adds them to the `headroom` app with `register(app)`. Bad input (config, address, a
-plan that does not fit, an unreachable cluster) prints `error: ...` and exits 2 before anything is deployed;
-a rollout that deployed but failed (rolled back, or the rollback failed) exits 1.
+plan that does not fit, an unreachable cluster, a missing or rejected Ray token) prints `error: ...` and exits
+2 before anything is deployed; a rollout that deployed but failed (rolled back, or the rollback failed)
+exits 1.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import typer
 from loadtests.smoke import run_smoke_load
 from serve_app.cli.common import fail
 from serve_app.config import ConfigError
-from serve_app.rollout.operations import (
+from serve_app.planning.from_config import planning_cluster
+from serve_app.rollout import (
     DEFAULT_DASHBOARD_ADDRESS,
     STATE_DIR_ENV,
     RolloutError,
@@ -30,7 +32,6 @@ from serve_app.rollout.operations import (
     format_changes,
     format_status,
     load_target,
-    planning_cluster,
     render_target,
     rollout,
     status,
@@ -48,7 +49,11 @@ AddressOption = Annotated[
     typer.Option(
         "--address",
         "-a",
-        help=f"The Ray dashboard's HTTP address; default $RAY_ADDRESS, else {DEFAULT_DASHBOARD_ADDRESS}.",
+        help=(
+            f"The Ray dashboard's HTTP address; default $RAY_ADDRESS, else {DEFAULT_DASHBOARD_ADDRESS}. "
+            "A cluster with Ray token authentication needs RAY_AUTH_MODE=token and its token in "
+            "$RAY_AUTH_TOKEN, a file named by $RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token."
+        ),
         show_default=False,
     ),
 ]

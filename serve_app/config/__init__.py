@@ -20,6 +20,7 @@ from serve_app.config.schema import (
     SLOSection,
     SpeculativeSection,
 )
+from serve_app.config.workload import WorkloadSection
 
 __all__ = [
     "DEFAULT_CONFIG_DIR",
@@ -31,6 +32,7 @@ __all__ = [
     "ResourcesSection",
     "SLOSection",
     "SpeculativeSection",
+    "WorkloadSection",
     "available_envs",
     "deep_merge",
     "load_config",

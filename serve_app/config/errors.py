@@ -137,7 +137,7 @@ def show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _unwrap_optional(annotation: object) -> tuple[list[object], bool]:
+def unwrap_optional(annotation: object) -> tuple[list[object], bool]:
     """The non-None members of an annotation and whether None is accepted."""
     origin = typing.get_origin(annotation)
     if origin is typing.Union or origin is types.UnionType:
@@ -147,15 +147,15 @@ def _unwrap_optional(annotation: object) -> tuple[list[object], bool]:
     return [annotation], False
 
 
-def _model_class(annotation: object) -> type[BaseModel] | None:
-    for member in _unwrap_optional(annotation)[0]:
+def model_class(annotation: object) -> type[BaseModel] | None:
+    for member in unwrap_optional(annotation)[0]:
         if isinstance(member, type) and issubclass(member, BaseModel):
             return member
     return None
 
 
-def _literal_choices(annotation: object) -> tuple[object, ...] | None:
-    for member in _unwrap_optional(annotation)[0]:
+def literal_choices(annotation: object) -> tuple[object, ...] | None:
+    for member in unwrap_optional(annotation)[0]:
         if typing.get_origin(member) is Literal:
             return typing.get_args(member)
     return None
@@ -170,7 +170,7 @@ def _walk(root: type[BaseModel], loc: Sequence[object]) -> tuple[type[BaseModel]
             return (owner if i == len(loc) - 1 else None), None
         info = owner.model_fields[part]
         if i < len(loc) - 1:
-            owner = _model_class(info.annotation)
+            owner = model_class(info.annotation)
     return owner, info
 
 
@@ -179,7 +179,7 @@ def _section_at(root: type[BaseModel], loc: Sequence[object]) -> type[BaseModel]
     if not loc:
         return root
     _, info = _walk(root, loc)
-    return _model_class(info.annotation) if info is not None else None
+    return model_class(info.annotation) if info is not None else None
 
 
 def _field_homes(root: type[BaseModel], prefix: str = "") -> dict[str, list[str]]:
@@ -188,14 +188,14 @@ def _field_homes(root: type[BaseModel], prefix: str = "") -> dict[str, list[str]
     for name, info in root.model_fields.items():
         path = f"{prefix}{name}"
         homes.setdefault(name, []).append(path)
-        sub = _model_class(info.annotation)
+        sub = model_class(info.annotation)
         if sub is not None:
             for key, paths in _field_homes(sub, f"{path}.").items():
                 homes.setdefault(key, []).extend(paths)
     return homes
 
 
-def _bounds(info: Any) -> str | None:
+def bounds_text(info: Any) -> str | None:
     """'between 0.05 and 0.99', '> 0 and <= 600000', '>= 0' from a field's annotated_types metadata."""
     lower: tuple[str, Any] | None = None
     upper: tuple[str, Any] | None = None
@@ -262,12 +262,12 @@ class _Failure:
 
     @property
     def or_null(self) -> str:
-        nullable = self.info is not None and _unwrap_optional(self.annotation)[1]
+        nullable = self.info is not None and unwrap_optional(self.annotation)[1]
         return " or null" if nullable else ""
 
     @property
     def literal_choices(self) -> tuple[object, ...] | None:
-        return _literal_choices(self.annotation) if self.info is not None else None
+        return literal_choices(self.annotation) if self.info is not None else None
 
 
 def explain(err: Mapping[str, Any], root: type[BaseModel]) -> list[tuple[tuple[Any, ...], str]]:
@@ -310,7 +310,7 @@ def _missing(f: _Failure) -> str:
     if f.literal_choices is not None:
         return f"required key is missing; one of: {choices(f.literal_choices)}"
     what = _first_sentence(getattr(f.info, "description", None))
-    section = _model_class(f.annotation)
+    section = model_class(f.annotation)
     if section is not None:
         keys = ", ".join(sorted(section.model_fields))
         what = f"{what}; a mapping with keys: {keys}" if what else f"a mapping with keys: {keys}"
@@ -324,7 +324,7 @@ def _not_a_choice(f: _Failure) -> str:
 
 
 def _out_of_range(f: _Failure) -> str:
-    bound_text = _bounds(f.info)
+    bound_text = bounds_text(f.info)
     if bound_text is None:  # no metadata found: fall back to the one bound pydantic reports
         symbol, ctx_key = _RANGE_ERRORS[f.etype]
         bound_text = f"{symbol} {show(f.ctx.get(ctx_key))}"
@@ -332,7 +332,7 @@ def _out_of_range(f: _Failure) -> str:
 
 
 def _wrong_type(f: _Failure) -> str:
-    section = _model_class(f.annotation) if f.info is not None else (f.root if not f.loc else None)
+    section = model_class(f.annotation) if f.info is not None else (f.root if not f.loc else None)
     if section is not None:
         expected = (
             f"a mapping of {'.'.join(map(str, f.loc)) or 'top-level'} settings "
@@ -342,7 +342,7 @@ def _wrong_type(f: _Failure) -> str:
         expected = f"one of {choices(f.literal_choices)}"
     else:
         expected = _EXPECTED_TYPE[f.etype]
-        bound_text = _bounds(f.info)
+        bound_text = bounds_text(f.info)
         if bound_text is not None:
             expected += f" {bound_text}"
     return f"expected {expected}{f.or_null}, {_got(f.given)}"

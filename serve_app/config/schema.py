@@ -35,6 +35,7 @@ from serve_app.config.vocabulary import (
     SpeculativeMethod,
     TensorParallelSize,
 )
+from serve_app.config.workload import WorkloadSection
 
 _SECTION_CONFIG = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -507,6 +508,7 @@ class HeadroomConfig(BaseModel):
         default_factory=ResourcesSection,
         description="Hardware each replica runs on: accelerator, GPU type and memory, CPUs.",
     )
+    workload: WorkloadSection = Field(default_factory=WorkloadSection, description=WorkloadSection.__doc__)
 
     @field_validator("route_prefix")
     @classmethod

@@ -36,6 +36,16 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# The prose words of the tokenizer's training corpus (its JSON values too).
+CORPUS_WORDS = (
+    "the a model server request token cache prefix batch latency memory throughput replica "
+    "engine queue first time per output user system prompt answer question deploy scale budget "
+    "fast slow under over with from into and or not when while because so then this that each "
+    "every some"
+).split()
+# Identifiers of the corpus's code, SQL and JSON lines.
+CORPUS_NAMES = "user order item price total count id name city status created_at amount".split()
+
 
 def cache_root() -> Path:
     """Where generated models live: $HEADROOM_HOME, else ~/.cache/headroom."""
@@ -49,69 +59,7 @@ def model_dir(name: str, root: Path | None = None) -> Path:
 def training_corpus(seed: int = 0, lines: int = 6000) -> list[str]:
     """Deterministic mixed text (prose, code, SQL, JSON) for the BPE tokenizer to learn merges from."""
     rng = random.Random(seed)
-    words = [
-        "the",
-        "a",
-        "model",
-        "server",
-        "request",
-        "token",
-        "cache",
-        "prefix",
-        "batch",
-        "latency",
-        "memory",
-        "throughput",
-        "replica",
-        "engine",
-        "queue",
-        "first",
-        "time",
-        "per",
-        "output",
-        "user",
-        "system",
-        "prompt",
-        "answer",
-        "question",
-        "deploy",
-        "scale",
-        "budget",
-        "fast",
-        "slow",
-        "under",
-        "over",
-        "with",
-        "from",
-        "into",
-        "and",
-        "or",
-        "not",
-        "when",
-        "while",
-        "because",
-        "so",
-        "then",
-        "this",
-        "that",
-        "each",
-        "every",
-        "some",
-    ]
-    names = [
-        "user",
-        "order",
-        "item",
-        "price",
-        "total",
-        "count",
-        "id",
-        "name",
-        "city",
-        "status",
-        "created_at",
-        "amount",
-    ]
+    words, names = CORPUS_WORDS, CORPUS_NAMES
     out: list[str] = []
     for i in range(lines):
         kind = i % 4

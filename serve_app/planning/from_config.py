@@ -21,7 +21,9 @@ from serve_app.config import ConfigError, HeadroomConfig
 from serve_app.config.vocabulary import GIB_BYTES, is_embedded
 from serve_app.planning import catalogue
 from serve_app.planning.catalogue import CatalogueKeyError
-from serve_app.planning.placement import ClusterSpec, Plan, PlanRequest, plan
+from serve_app.planning.placement import plan
+from serve_app.planning.request import ClusterSpec, PlanRequest
+from serve_app.planning.result import Plan
 from serve_app.planning.shape import ModelShape
 
 
@@ -80,6 +82,7 @@ def plan_request(
         draft_model=draft,
         speculative_method=spec.method if spec else None,
         num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+        parallel_drafting=spec.parallel_drafting if spec else False,
         dtype=m.dtype,
         quantization=m.quantization,
         kv_cache_dtype=e.kv_cache_dtype,
@@ -87,8 +90,10 @@ def plan_request(
         max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=e.max_num_batched_tokens,
         enable_chunked_prefill=e.enable_chunked_prefill,
+        enable_prefix_caching=e.enable_prefix_caching,
         gpu_memory_utilization=e.gpu_memory_utilization,
         enforce_eager=e.enforce_eager,
+        workload=cfg.workload,
         ttft_p95_ms=cfg.slo.ttft_p95_ms,
         tpot_p50_ms=cfg.slo.tpot_p50_ms,
         tensor_parallel_size=e.tensor_parallel_size,

@@ -12,12 +12,8 @@ and the KV cache is whole blocks,
 
 Where each number comes from:
 
-* Weights: parameter counts from config.json, laid out per tensor-parallel rank as vLLM's layers shard them
-  (``QKVParallelLinear`` replicates KV heads when tp > num_key_value_heads; norms, MoE routers and MLA's
-  ``kv_a_proj_with_mqa`` are replicated; the vocabulary is padded to a multiple of 64 and split), times the
-  bytes of the dtype or quantization scheme. Embeddings, lm_head, norms and routers stay unquantized. MoE
-  counts every expert (all are resident; the seed: "MoE weights by TOTAL params"). Plus vLLM's rotary cos/sin
-  cache and, for MLA, the decode-time ``W_UK_T``/``W_UV`` copies of ``kv_b_proj``.
+* Weights and KV bytes per token: :mod:`serve_app.planning.model_bytes` (parameter counts from config.json,
+  sharded per tensor-parallel rank as vLLM's layers shard them, times the bytes of the dtype or quantization).
 * Activation peak, non-torch buffers, CUDA graphs: measured on one H200 with vLLM 0.26 (dummy weights,
   2026-11-29; logs summarised in ``tests/data/memory_points/``) and written as formulas of the shape, so no
   constant is tuned per model. See :func:`activation_peak_bytes`, :func:`non_torch_bytes`,
@@ -44,57 +40,47 @@ Pure: imports neither ray, vllm nor torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from serve_app.config.vocabulary import DRAFT_HEAD_METHODS, GIB_BYTES, Accelerator
+from serve_app.planning.model_bytes import (
+    QuantScheme,
+    SpeculativeSpec,
+    bytes_to_gib,
+    cdiv,
+    draft_kv_bytes_per_token_per_gpu,
+    draft_weight_bytes_per_gpu,
+    dtype_bytes,
+    kv_bytes_per_token_per_gpu,
+    padded_vocab_size,
+    resolve_model_dtype,
+    resolve_quantization,
+    weight_bytes_per_gpu,
+)
 from serve_app.planning.shape import ModelShape
 
 __all__ = [
     "CPU_BLOCK_SIZE_TOKENS",
     "CUDA_CONTEXT_BYTES",
     "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES",
-    "DEFAULT_VOCAB_PADDING_SIZE",
-    "GIB_BYTES",
     "GPU_BLOCK_SIZE_TOKENS",
     "MemoryEstimate",
     "MemoryInputs",
-    "QuantScheme",
-    "SpeculativeSpec",
-    "WeightBreakdown",
     "activation_peak_bytes",
-    "active_parameter_count",
-    "blocks_for_tokens",
-    "bytes_to_gib",
-    "cdiv",
     "cudagraph_bytes",
     "cudagraph_capture_sizes",
     "default_max_num_batched_tokens",
-    "draft_kv_bytes_per_token_per_gpu",
-    "draft_weight_bytes_per_gpu",
-    "dtype_bytes",
     "estimate_memory",
-    "kv_bytes_per_token_per_gpu",
-    "kv_bytes_per_token_per_layer",
-    "kv_cache_dtype_bytes",
-    "kv_heads_per_gpu",
     "largest_max_model_len",
+    "blocks_for_requests",
     "max_concurrency_for_length",
     "non_torch_bytes",
-    "padded_vocab_size",
-    "parameter_count",
     "requested_memory_bytes",
-    "resolve_model_dtype",
-    "resolve_quantization",
     "uses_v1_model_runner",
     "vllm_reported_kv_tokens",
-    "weight_breakdown_per_gpu",
-    "weight_bytes_per_gpu",
 ]
 
-GIB_BYTES = 1 << 30
-# vllm/model_executor/layers/vocab_parallel_embedding.py: DEFAULT_VOCAB_PADDING_SIZE = 64.
-DEFAULT_VOCAB_PADDING_SIZE = 64
 # vLLM's KV block on CUDA (CacheConfig default block_size) and on CPU (vllm/platforms/cpu.py sets 128).
 GPU_BLOCK_SIZE_TOKENS = 16
 CPU_BLOCK_SIZE_TOKENS = 128
@@ -130,404 +116,6 @@ DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES = frozenset(
         "Qwen2MoeForCausalLM",
     }
 )
-
-# Bytes per element of the dtypes vLLM accepts for weights, activations and KV cache.
-_DTYPE_BYTES: dict[str, float] = {
-    "float32": 4,
-    "float": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "fp8_inc": 1,
-    "int8": 1,
-}
-
-Accelerator = Literal["gpu", "cpu"]
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division, as ``vllm.utils.math_utils.cdiv``."""
-    return -(a // -b)
-
-
-def bytes_to_gib(n_bytes: float) -> float:
-    return n_bytes / GIB_BYTES
-
-
-def dtype_bytes(dtype: str) -> float:
-    """Bytes per element of ``dtype`` ('bfloat16' -> 2, 'fp8' -> 1). Raises ValueError listing known
-    dtypes.
-    """
-    key = dtype.replace("torch.", "").lower()
-    if key not in _DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(_DTYPE_BYTES))}")
-    return _DTYPE_BYTES[key]
-
-
-def resolve_model_dtype(shape: ModelShape, dtype: str = "auto", accelerator: Accelerator = "gpu") -> str:
-    """The activation/weight dtype vLLM runs: 'auto' takes config.json's torch_dtype, float32 checkpoints
-    are served in bfloat16 on GPU (vLLM downcasts float32 to the half type by default)."""
-    if dtype != "auto":
-        return dtype
-    resolved = shape.torch_dtype.replace("torch.", "")
-    if resolved in ("float32", "float") and accelerator == "gpu":
-        return "bfloat16"
-    return resolved
-
-
-def kv_cache_dtype_bytes(kv_cache_dtype: str, model_dtype: str) -> float:
-    """Bytes per KV element: 'auto' follows the model dtype; the fp8 variants store one byte."""
-    return dtype_bytes(model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype)
-
-
-def padded_vocab_size(vocab_size: int, pad_to: int = DEFAULT_VOCAB_PADDING_SIZE) -> int:
-    """vLLM pads embedding and lm_head rows to a multiple of 64 (``pad_vocab_size``)."""
-    return cdiv(vocab_size, pad_to) * pad_to
-
-
-# ------------------------------------------------------------------------------------------ quantization
-@dataclass(frozen=True)
-class QuantScheme:
-    """How many bytes one quantized linear weight takes, scales and zero points included."""
-
-    method: str | None
-    bytes_per_weight: float
-    description: str
-
-
-_QUANT_METHODS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes")
-
-
-def _int_group_bytes(bits: int, group_size: int) -> float:
-    # Packed int weights plus, per group of group_size inputs, one fp16 scale and one packed zero point
-    # (AWQ qzeros / GPTQ qzeros). group_size -1 means one group per output channel: negligible overhead.
-    overhead = (2 + bits / 8) / group_size if group_size > 0 else 0.0
-    return bits / 8 + overhead
-
-
-def resolve_quantization(shape: ModelShape, quantization: str | None, model_dtype: str) -> QuantScheme:
-    """The weight format vLLM will load: ``quantization`` if given, else the checkpoint's quantization_config.
-
-    Only decoder linear layers are quantized; embeddings, lm_head, norms and MoE routers keep ``model_dtype``.
-    """
-    config: Mapping[str, Any] = shape.quantization_config or {}
-    method = quantization or (str(config.get("quant_method")) if config.get("quant_method") else None)
-    if method is None:
-        return QuantScheme(None, dtype_bytes(model_dtype), f"unquantized {model_dtype}")
-    method = method.lower()
-    bits = int(config.get("bits", config.get("w_bit", 4)) or 4)
-    group = int(config.get("group_size", config.get("q_group_size", 128)) or 128)
-    if method == "fp8":
-        block = config.get("weight_block_size")
-        if block:
-            # Block-wise fp8 checkpoints (e.g. Qwen3-*-FP8, DeepSeek-V3) carry one fp32 scale per block.
-            scale = 4 / (int(block[0]) * int(block[1]))
-            return QuantScheme("fp8", 1 + scale, f"fp8 weights, {block[0]}x{block[1]} block scales")
-        return QuantScheme("fp8", 1.0, "fp8 weights, per-tensor scales")
-    if method in ("awq", "awq_marlin", "gptq", "gptq_marlin"):
-        family = method.split("_")[0]
-        return QuantScheme(method, _int_group_bytes(bits, group), f"{family} int{bits}, group size {group}")
-    if method == "compressed-tensors":
-        groups = config.get("config_groups") or {}
-        weights: Mapping[str, Any] = {}
-        for group_cfg in groups.values():
-            weights = group_cfg.get("weights") or {}
-            break
-        ct_bits = int(weights.get("num_bits", 8) or 8)
-        ct_group = int(weights.get("group_size") or -1)
-        if weights.get("type") == "float":
-            return QuantScheme(method, ct_bits / 8, f"compressed-tensors float{ct_bits}")
-        return QuantScheme(method, _int_group_bytes(ct_bits, ct_group), f"compressed-tensors int{ct_bits}")
-    if method == "bitsandbytes":
-        if config.get("load_in_8bit"):
-            return QuantScheme(method, 1.0 + 4 / 64, "bitsandbytes int8")
-        # NF4 with one fp32 absmax per 64 weights (double quantization shrinks it further).
-        return QuantScheme(method, 0.5 + 4 / 64, "bitsandbytes nf4")
-    raise ValueError(
-        f"quantization {method!r} is not modelled; known: {', '.join(_QUANT_METHODS)} (or null for the "
-        "checkpoint's own quantization_config)"
-    )
-
-
-# --------------------------------------------------------------------------------------------- weights
-@dataclass(frozen=True)
-class WeightBreakdown:
-    """Parameters held by one tensor-parallel rank, grouped by how they are stored."""
-
-    embedding_params: int
-    lm_head_params: int
-    # Decoder linear layers (attention projections, MLPs, experts): these take the quantized format.
-    linear_params: int
-    # Norms, MoE routers, biases: replicated or tiny, always in the model dtype.
-    unquantized_params: int
-    # MLA only: W_UK_T and W_UV, model-dtype copies of kv_b_proj that vLLM builds for decode.
-    mla_absorbed_params: int
-    # vLLM's rotary cos/sin cache (one shared buffer of max_position_embeddings x rotary_dim).
-    rotary_cache_elements: int
-
-    @property
-    def total_params(self) -> int:
-        return self.embedding_params + self.lm_head_params + self.linear_params + self.unquantized_params
-
-
-def kv_heads_per_gpu(shape: ModelShape, tensor_parallel_size: int = 1) -> int:
-    """KV heads each rank stores: heads are split across ranks, and replicated when tp > num_key_value_heads
-    (``ModelConfig.get_num_kv_heads``: ``max(1, total // tp)``). MLA caches one latent 'head'."""
-    if shape.is_mla:
-        return 1
-    return max(1, shape.num_key_value_heads // tensor_parallel_size)
-
-
-def _check_tp(shape: ModelShape, tp: int) -> None:
-    if tp < 1:
-        raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
-    if shape.num_attention_heads % tp:
-        raise ValueError(
-            f"{shape.name}: num_attention_heads ({shape.num_attention_heads}) is not divisible by "
-            f"tensor_parallel_size ({tp}); vLLM requires it"
-        )
-
-
-def _attention_params_per_rank(shape: ModelShape, tp: int) -> tuple[int, int, int]:
-    """(linear, replicated-or-small, mla_absorbed) parameters of one attention block on one rank."""
-    hidden, heads_rank = shape.hidden_size, shape.num_attention_heads // tp
-    if shape.is_mla:
-        assert shape.kv_lora_rank is not None
-        nope, rope, v_dim, kv_rank = (
-            shape.qk_nope_head_dim,
-            shape.qk_rope_head_dim,
-            shape.v_head_dim,
-            shape.kv_lora_rank,
-        )
-        linear = 0
-        small = kv_rank  # kv_a_layernorm
-        if shape.q_lora_rank:
-            # q_a_proj is a ReplicatedLinear; q_b_proj is column-parallel.
-            linear += hidden * shape.q_lora_rank + shape.q_lora_rank * heads_rank * (nope + rope)
-            small += shape.q_lora_rank  # q_a_layernorm
-        else:
-            linear += hidden * heads_rank * (nope + rope)
-        linear += hidden * (
-            kv_rank + rope
-        )  # kv_a_proj_with_mqa: ReplicatedLinear, every rank holds all of it
-        kv_b = kv_rank * heads_rank * (nope + v_dim)
-        linear += kv_b + heads_rank * v_dim * hidden  # kv_b_proj and o_proj, both sharded
-        return linear, small, kv_b
-    head_dim = shape.head_dim
-    kv_rank = kv_heads_per_gpu(shape, tp)
-    q_width, kv_width = heads_rank * head_dim, kv_rank * head_dim
-    linear = hidden * (q_width + 2 * kv_width) + q_width * hidden  # qkv_proj + o_proj
-    small = (q_width + 2 * kv_width) if shape.attention_bias else 0
-    if shape.qk_norm:
-        small += 2 * head_dim  # q_norm, k_norm (replicated)
-    return linear, small, 0
-
-
-def _mlp_params_per_rank(shape: ModelShape, tp: int, moe_layer: bool) -> tuple[int, int]:
-    """(linear, unquantized) parameters of one MLP/MoE block on one rank (experts sharded by TP, no EP)."""
-    hidden = shape.hidden_size
-    if not moe_layer:
-        return 3 * hidden * shape.intermediate_size // tp, 0
-    experts = shape.num_experts * 3 * hidden * shape.moe_intermediate_size // tp
-    shared = 3 * hidden * shape.shared_expert_intermediate_size // tp
-    router = hidden * shape.num_experts  # ReplicatedLinear gate, kept unquantized
-    return experts + shared, router
-
-
-def weight_breakdown_per_gpu(shape: ModelShape, tensor_parallel_size: int = 1) -> WeightBreakdown:
-    """Parameters one rank holds, as vLLM shards them (see the module docstring for the rules)."""
-    tp = tensor_parallel_size
-    _check_tp(shape, tp)
-    hidden = shape.hidden_size
-    vocab_rows = padded_vocab_size(shape.vocab_size) // tp
-    embedding = vocab_rows * hidden
-    lm_head = 0 if shape.tie_word_embeddings else vocab_rows * hidden
-    attn_linear, attn_small, absorbed = _attention_params_per_rank(shape, tp)
-    layers = shape.num_hidden_layers
-    linear = attn_linear * layers
-    small = (attn_small + 2 * hidden) * layers + hidden  # + input/post-attention norms, final norm
-    for i in range(layers):
-        mlp_linear, mlp_small = _mlp_params_per_rank(shape, tp, shape.is_moe_layer(i))
-        linear += mlp_linear
-        small += mlp_small
-    return WeightBreakdown(
-        embedding_params=embedding,
-        lm_head_params=lm_head,
-        linear_params=linear,
-        unquantized_params=small,
-        mla_absorbed_params=absorbed * layers,
-        rotary_cache_elements=shape.max_position_embeddings * shape.rotary_dim,
-    )
-
-
-def weight_bytes_per_gpu(
-    shape: ModelShape,
-    tensor_parallel_size: int = 1,
-    dtype: str = "auto",
-    quantization: str | None = None,
-    accelerator: Accelerator = "gpu",
-) -> int:
-    """Bytes of weights one rank loads ("Model loading took X GiB" in vLLM's log)."""
-    model_dtype = resolve_model_dtype(shape, dtype, accelerator)
-    act = dtype_bytes(model_dtype)
-    scheme = resolve_quantization(shape, quantization, model_dtype)
-    b = weight_breakdown_per_gpu(shape, tensor_parallel_size)
-    plain = b.embedding_params + b.lm_head_params + b.unquantized_params + b.mla_absorbed_params
-    return int((plain + b.rotary_cache_elements) * act + b.linear_params * scheme.bytes_per_weight)
-
-
-def parameter_count(shape: ModelShape) -> int:
-    """Total parameters as model cards count them (unpadded vocab, lm_head once unless tied, all experts)."""
-    b = weight_breakdown_per_gpu(shape, 1)
-    padding_rows = padded_vocab_size(shape.vocab_size) - shape.vocab_size
-    lm_head_rows = 0 if shape.tie_word_embeddings else padding_rows
-    return b.total_params - (padding_rows + lm_head_rows) * shape.hidden_size
-
-
-def active_parameter_count(shape: ModelShape) -> int:
-    """Parameters one token's forward pass touches: for MoE only top-k experts (plus shared ones) count.
-
-    Drives compute (FLOPs) in the latency model; memory always counts every expert.
-    """
-    total = parameter_count(shape)
-    if not shape.is_moe:
-        return total
-    per_expert = 3 * shape.hidden_size * shape.moe_intermediate_size
-    idle_experts = max(0, shape.num_experts - shape.num_experts_per_tok)
-    return total - shape.num_moe_layers * idle_experts * per_expert
-
-
-# -------------------------------------------------------------------------------------------- KV cache
-def kv_bytes_per_token_per_layer(
-    shape: ModelShape,
-    tensor_parallel_size: int = 1,
-    kv_cache_dtype: str = "auto",
-    model_dtype: str = "bfloat16",
-) -> int:
-    """KV bytes one token takes in one attention layer on one rank.
-
-    Standard attention: K and V, ``2 x kv_heads_per_gpu x head_dim x bytes``. MLA: one latent of
-    ``kv_lora_rank + qk_rope_head_dim`` per token, the same on every rank (not split by TP).
-    """
-    kv_bytes = kv_cache_dtype_bytes(kv_cache_dtype, model_dtype)
-    if shape.is_mla:
-        assert shape.kv_lora_rank is not None
-        return int((shape.kv_lora_rank + shape.qk_rope_head_dim) * kv_bytes)
-    return int(2 * kv_heads_per_gpu(shape, tensor_parallel_size) * shape.head_dim * kv_bytes)
-
-
-def kv_bytes_per_token_per_gpu(
-    shape: ModelShape,
-    tensor_parallel_size: int = 1,
-    kv_cache_dtype: str = "auto",
-    dtype: str = "auto",
-    accelerator: Accelerator = "gpu",
-) -> int:
-    """KV bytes one token takes across all layers on one rank (Qwen3-8B bf16, TP=1: 147,456 = 144 KiB)."""
-    model_dtype = resolve_model_dtype(shape, dtype, accelerator)
-    per_layer = kv_bytes_per_token_per_layer(shape, tensor_parallel_size, kv_cache_dtype, model_dtype)
-    return per_layer * shape.num_hidden_layers
-
-
-# ------------------------------------------------------------------------------------------ speculation
-@dataclass(frozen=True)
-class SpeculativeSpec:
-    """Speculative decoding as the memory and latency models see it.
-
-    ``draft`` is the draft checkpoint's shape (draft_model, dflash, dspark; an EAGLE head's own config when
-    known). ngram drafts from the prompt and costs no GPU memory.
-    """
-
-    method: str
-    num_speculative_tokens: int
-    draft: ModelShape | None = None
-    # Assumed probability that each drafted token is accepted (latency model only).
-    acceptance_rate: float = 0.6
-
-
-_HEAD_METHODS = ("eagle", "eagle3")
-
-
-def _eagle_head_params_per_rank(
-    target: ModelShape, tp: int, method: str, head: ModelShape | None
-) -> tuple[int, int]:
-    """(weights, decoder layers) of an EAGLE head when its checkpoint is unknown or given.
-
-    An EAGLE head is one (EAGLE-3: one, sometimes more) decoder layer of the target's width plus an ``fc``
-    that fuses hidden states (EAGLE: 2H x H; EAGLE-3: 3H x H). vLLM shares the target's embedding and, for
-    EAGLE-1/2, its lm_head; EAGLE-3 heads carry their own lm_head over a smaller draft vocabulary
-    (32,000 is usual).
-    """
-    shape = head or target
-    hidden = shape.hidden_size
-    layers = head.num_hidden_layers if head else 1
-    attn, attn_small, _ = _attention_params_per_rank(shape, tp)
-    mlp = 3 * hidden * shape.intermediate_size // tp  # heads are dense even for MoE targets
-    fc = (3 if method == "eagle3" else 2) * hidden * hidden
-    lm_head = 0
-    if method == "eagle3":
-        draft_vocab = 32_000 if head is None else head.vocab_size
-        lm_head = padded_vocab_size(draft_vocab) // tp * hidden
-    return layers * (attn + attn_small + mlp + 4 * hidden) + fc + lm_head, layers
-
-
-def draft_weight_bytes_per_gpu(
-    target: ModelShape,
-    spec: SpeculativeSpec | None,
-    tensor_parallel_size: int = 1,
-    dtype: str = "auto",
-    accelerator: Accelerator = "gpu",
-) -> int:
-    """Extra weight bytes per rank that speculative decoding loads (the drafter runs at the target's TP)."""
-    if spec is None or spec.method == "ngram":
-        return 0
-    act = dtype_bytes(resolve_model_dtype(target, dtype, accelerator))
-    tp = tensor_parallel_size
-    if spec.method in _HEAD_METHODS:
-        params, _ = _eagle_head_params_per_rank(target, tp, spec.method, spec.draft)
-        return int(params * act)
-    if spec.method == "mtp" and spec.draft is None:
-        # The checkpoint's own next-token-prediction layers: one decoder layer each (MoE where the model is),
-        # plus eh_proj (2H x H) and two norms; embedding and lm_head are shared with the target.
-        n = max(1, target.num_nextn_predict_layers)
-        attn, attn_small, absorbed = _attention_params_per_rank(target, tp)
-        mlp, router = _mlp_params_per_rank(target, tp, moe_layer=target.is_moe)
-        per_layer = attn + attn_small + absorbed + mlp + router + 2 * target.hidden_size * target.hidden_size
-        return int(n * per_layer * act)
-    if spec.draft is None:
-        raise ValueError(f"speculative method {spec.method!r} needs the draft model's shape (config.json)")
-    tp_draft = tp if spec.draft.num_attention_heads % tp == 0 else 1
-    return weight_bytes_per_gpu(spec.draft, tp_draft, dtype, None, accelerator)
-
-
-def draft_kv_bytes_per_token_per_gpu(
-    target: ModelShape,
-    spec: SpeculativeSpec | None,
-    tensor_parallel_size: int = 1,
-    kv_cache_dtype: str = "auto",
-    dtype: str = "auto",
-    accelerator: Accelerator = "gpu",
-) -> int:
-    """KV bytes per token the drafter's attention layers add. vLLM puts them in the same block pool as the
-    target's layers, so every KV block holds both and the token capacity shrinks accordingly."""
-    if spec is None or spec.method == "ngram":
-        return 0
-    tp = tensor_parallel_size
-    model_dtype = resolve_model_dtype(target, dtype, accelerator)
-    if spec.method in _HEAD_METHODS:
-        shape = spec.draft or target
-        _, layers = _eagle_head_params_per_rank(target, tp, spec.method, spec.draft)
-        return layers * kv_bytes_per_token_per_layer(shape, tp, kv_cache_dtype, model_dtype)
-    if spec.method == "mtp" and spec.draft is None:
-        n = max(1, target.num_nextn_predict_layers)
-        return n * kv_bytes_per_token_per_layer(target, tp, kv_cache_dtype, model_dtype)
-    if spec.draft is None:
-        raise ValueError(f"speculative method {spec.method!r} needs the draft model's shape (config.json)")
-    tp_draft = tp if spec.draft.num_attention_heads % tp == 0 else 1
-    return kv_bytes_per_token_per_gpu(spec.draft, tp_draft, kv_cache_dtype, dtype, accelerator)
 
 
 # ------------------------------------------------------------------------------- activations, runtime
@@ -657,10 +245,6 @@ def requested_memory_bytes(gpu_memory_bytes: int, gpu_memory_utilization: float)
 
 
 # ------------------------------------------------------------------------------------ blocks, tokens
-def blocks_for_tokens(tokens: int, block_size: int) -> int:
-    return cdiv(tokens, block_size)
-
-
 def vllm_reported_kv_tokens(num_blocks: int, block_size: int, max_model_len: int) -> int:
     """The "GPU KV cache size: N tokens" figure: ``int(num_blocks / cdiv(L, block) x L)``
     (``get_kv_cache_capacity``); equal to num_blocks x block_size when L is a multiple of the block."""
@@ -669,24 +253,42 @@ def vllm_reported_kv_tokens(num_blocks: int, block_size: int, max_model_len: int
     return int(num_blocks / cdiv(max_model_len, block_size) * max_model_len)
 
 
-def max_concurrency_for_length(
-    num_blocks: int, block_size: int, request_tokens: int, prefix_reuse_fraction: float = 0.0
-) -> float:
-    """Requests of ``request_tokens`` tokens that fit at once.
+def _shared_and_private_blocks(
+    block_size: int, request_tokens: int, prefix_reuse_fraction: float
+) -> tuple[int, int]:
+    """(blocks of the prefix shared by all requests, blocks each request holds alone).
 
     With prefix caching, the first ``prefix_reuse_fraction`` of every request is one shared prefix stored
     once; only whole blocks are shared (a partly filled block is private), so the shared part rounds down
     to whole blocks.
-    With no reuse this is vLLM's "Maximum concurrency for L tokens per request".
+    """
+    per_request = cdiv(request_tokens, block_size)
+    shared = int(request_tokens * max(0.0, min(prefix_reuse_fraction, 1.0))) // block_size
+    return shared, per_request - shared
+
+
+def max_concurrency_for_length(
+    num_blocks: int, block_size: int, request_tokens: int, prefix_reuse_fraction: float = 0.0
+) -> float:
+    """Requests of ``request_tokens`` tokens that fit at once (shared prefix stored once, see
+    :func:`_shared_and_private_blocks`). With no reuse this is vLLM's "Maximum concurrency for L tokens per
+    request".
     """
     if num_blocks <= 0 or request_tokens <= 0:
         return 0.0
-    per_request = cdiv(request_tokens, block_size)
-    shared = int(request_tokens * max(0.0, min(prefix_reuse_fraction, 1.0))) // block_size
-    private = per_request - shared
+    shared, private = _shared_and_private_blocks(block_size, request_tokens, prefix_reuse_fraction)
     if private <= 0:  # everything shared: the cache holds the prefix once and any number of readers
         return math.inf if num_blocks >= shared else 0.0
     return max(0.0, (num_blocks - shared) / private)
+
+
+def blocks_for_requests(
+    requests: int, block_size: int, request_tokens: int, prefix_reuse_fraction: float = 0.0
+) -> int:
+    """KV blocks ``requests`` requests of ``request_tokens`` tokens hold at once: the inverse of
+    :func:`max_concurrency_for_length` (the seeds' KV cache = concurrency x context x bytes per token)."""
+    shared, private = _shared_and_private_blocks(block_size, request_tokens, prefix_reuse_fraction)
+    return shared + requests * max(0, private)
 
 
 def largest_max_model_len(num_blocks: int, block_size: int) -> int:
@@ -757,7 +359,6 @@ class MemoryEstimate:
     num_blocks: int
     # Memory outside the utilization budget left after CUDA graphs and the CUDA context (GPU only).
     headroom_after_graphs_bytes: int
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -787,21 +388,16 @@ class MemoryEstimate:
         """vLLM starts only if one max_model_len request fits besides the null block."""
         return self.num_blocks - 1 >= cdiv(self.max_model_len, self.block_size)
 
-    @property
-    def non_kv_bytes(self) -> int:
-        graphs = self.cudagraph_bytes if self.cudagraph_subtracted else 0
-        return (
-            self.weights_bytes
-            + self.draft_weights_bytes
-            + self.activation_peak_bytes
-            + self.non_torch_bytes
-            + graphs
-        )
-
     def concurrency_for(self, request_tokens: int, prefix_reuse_fraction: float = 0.0) -> float:
         return max_concurrency_for_length(
             self.num_blocks, self.block_size, request_tokens, prefix_reuse_fraction
         )
+
+    @property
+    def seqs_without_preemption(self) -> int:
+        """The worst-case guarantee: sequences that fit at once beside vLLM's null block even if every one
+        reaches max_model_len, so none is ever preempted."""
+        return max(0, (self.num_blocks - 1) // cdiv(self.max_model_len, self.block_size))
 
     def largest_max_model_len(self) -> int:
         return largest_max_model_len(self.num_blocks, self.block_size)
@@ -812,7 +408,6 @@ class MemoryEstimate:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["quantization"] = asdict(self.quantization)
-        d["notes"] = list(self.notes)
         d.update(
             kv_bytes_per_token=self.kv_bytes_per_token,
             kv_cache_tokens=self.kv_cache_tokens,
@@ -823,86 +418,105 @@ class MemoryEstimate:
         return d
 
 
+@dataclass(frozen=True)
+class _Budget:
+    """The memory budget of one rank and what it leaves for KV blocks (bytes)."""
+
+    requested_bytes: int
+    kv_cache_available_bytes: int
+    non_torch_bytes: int = 0
+    cudagraph_bytes: int = 0
+    cudagraph_subtracted: bool = False
+    headroom_after_graphs_bytes: int = 0
+
+
+def _cpu_budget(inputs: MemoryInputs) -> _Budget:
+    """The CPU backend's KV cache is the size given: no profiling, no graphs."""
+    if inputs.kv_cache_memory_bytes is not None:
+        available = int(inputs.kv_cache_memory_bytes)
+    elif inputs.cpu_kv_cache_space_gib is not None:
+        available = int(inputs.cpu_kv_cache_space_gib * GIB_BYTES)
+    else:
+        # Without it vLLM's CPU worker takes gpu_memory_utilization of the node's RAM minus the process's
+        # resident size at that moment, which no pure model can know.
+        raise ValueError(
+            "cpu_kv_cache_space_gib (VLLM_CPU_KVCACHE_SPACE) or kv_cache_memory_bytes is required on the "
+            "CPU accelerator"
+        )
+    return _Budget(requested_bytes=available, kv_cache_available_bytes=available)
+
+
+def _gpu_budget(inputs: MemoryInputs, resident_bytes: int, budget_tokens: int) -> _Budget:
+    """vLLM's profiled budget on a GPU rank; ``resident_bytes``: weights, draft weights, activation peak."""
+    if inputs.gpu_memory_bytes <= 0:
+        raise ValueError("gpu_memory_bytes must be > 0 on the GPU accelerator (use the GPU catalogue)")
+    shape, tp = inputs.model, inputs.tensor_parallel_size
+    num_spec = inputs.speculative.num_speculative_tokens if inputs.speculative else 0
+    requested = requested_memory_bytes(inputs.gpu_memory_bytes, inputs.gpu_memory_utilization)
+    non_torch = non_torch_bytes(tp)
+    graphs = cudagraph_bytes(shape, inputs.max_num_seqs, budget_tokens, num_spec, inputs.enforce_eager)
+    subtracted = (inputs.subtract_cudagraph_estimate or uses_v1_model_runner(shape)) and graphs > 0
+    available = requested - resident_bytes - non_torch - (graphs if subtracted else 0)
+    outside_budget = inputs.gpu_memory_bytes - requested
+    headroom = outside_budget - CUDA_CONTEXT_BYTES - (0 if subtracted else graphs)
+    if inputs.kv_cache_memory_bytes is not None:
+        # vLLM still runs the profile forward, then takes the given size as the KV budget, whatever
+        # gpu_memory_utilization says; the graphs are captured afterwards in what is left.
+        available = int(inputs.kv_cache_memory_bytes)
+        used = resident_bytes + non_torch + available
+        headroom = inputs.gpu_memory_bytes - used - CUDA_CONTEXT_BYTES - graphs
+    return _Budget(requested, available, non_torch, graphs, subtracted, headroom)
+
+
+def _activation_peak(inputs: MemoryInputs, model_dtype: str, budget_tokens: int) -> int:
+    shape, spec, accel = inputs.model, inputs.speculative, inputs.accelerator
+    activation = activation_peak_bytes(shape, budget_tokens, inputs.tensor_parallel_size, model_dtype, accel)
+    if spec is not None and spec.draft is not None and spec.method not in DRAFT_HEAD_METHODS:
+        # The drafter's own profile forward runs after the target's; the peak is the larger of the two.
+        activation = max(activation, activation_peak_bytes(spec.draft, budget_tokens, 1, model_dtype, accel))
+    return activation
+
+
 def estimate_memory(inputs: MemoryInputs) -> MemoryEstimate:
     """One replica's memory budget per rank, with vLLM's arithmetic (see the module docstring)."""
-    shape, tp, accel = inputs.model, inputs.tensor_parallel_size, inputs.accelerator
+    shape, tp, accel, spec = inputs.model, inputs.tensor_parallel_size, inputs.accelerator, inputs.speculative
     model_dtype = resolve_model_dtype(shape, inputs.dtype, accel)
-    scheme = resolve_quantization(shape, inputs.quantization, model_dtype)
     block = inputs.block_size or (CPU_BLOCK_SIZE_TOKENS if accel == "cpu" else GPU_BLOCK_SIZE_TOKENS)
     max_len = inputs.max_model_len or shape.max_position_embeddings
     budget_tokens = inputs.max_num_batched_tokens or default_max_num_batched_tokens(
         inputs.gpu_memory_bytes, inputs.gpu_name, accel, tp, max_len, inputs.enable_chunked_prefill
     )
-    spec = inputs.speculative
-    num_spec = spec.num_speculative_tokens if spec else 0
-    notes: list[str] = []
-
     weights = weight_bytes_per_gpu(shape, tp, model_dtype, inputs.quantization, accel)
     draft_weights = draft_weight_bytes_per_gpu(shape, spec, tp, model_dtype, accel)
     target_kv = kv_bytes_per_token_per_gpu(shape, tp, inputs.kv_cache_dtype, model_dtype, accel)
     draft_kv = draft_kv_bytes_per_token_per_gpu(shape, spec, tp, inputs.kv_cache_dtype, model_dtype, accel)
-    activation = activation_peak_bytes(shape, budget_tokens, tp, model_dtype, accel)
-    if spec is not None and spec.draft is not None and spec.method not in _HEAD_METHODS:
-        # The drafter's own profile forward runs after the target's; the peak is the larger of the two.
-        activation = max(activation, activation_peak_bytes(spec.draft, budget_tokens, 1, model_dtype, accel))
-    bytes_per_block = (target_kv + draft_kv) * block
-
+    activation = _activation_peak(inputs, model_dtype, budget_tokens)
     if accel == "cpu":
-        if inputs.kv_cache_memory_bytes is not None:
-            available = int(inputs.kv_cache_memory_bytes)
-        elif inputs.cpu_kv_cache_space_gib is not None:
-            available = int(inputs.cpu_kv_cache_space_gib * GIB_BYTES)
-        else:
-            # Without it vLLM's CPU worker takes gpu_memory_utilization of the node's RAM minus the process's
-            # resident size at that moment, which no pure model can know.
-            raise ValueError(
-                "cpu_kv_cache_space_gib (VLLM_CPU_KVCACHE_SPACE) or kv_cache_memory_bytes is required on the "
-                "CPU accelerator"
-            )
-        requested = available
-        graphs, non_torch, headroom = 0, 0, 0
-        subtracted = False
+        budget = _cpu_budget(inputs)
     else:
-        if inputs.gpu_memory_bytes <= 0:
-            raise ValueError("gpu_memory_bytes must be > 0 on the GPU accelerator (use the GPU catalogue)")
-        requested = requested_memory_bytes(inputs.gpu_memory_bytes, inputs.gpu_memory_utilization)
-        non_torch = non_torch_bytes(tp)
-        graphs = cudagraph_bytes(shape, inputs.max_num_seqs, budget_tokens, num_spec, inputs.enforce_eager)
-        subtracted = (inputs.subtract_cudagraph_estimate or uses_v1_model_runner(shape)) and graphs > 0
-        available = (
-            requested - weights - draft_weights - activation - non_torch - (graphs if subtracted else 0)
-        )
-        outside_budget = inputs.gpu_memory_bytes - requested
-        headroom = outside_budget - CUDA_CONTEXT_BYTES - (0 if subtracted else graphs)
-        if inputs.kv_cache_memory_bytes is not None:
-            # vLLM still runs the profile forward, then takes the given size as the KV budget, whatever
-            # gpu_memory_utilization says; the graphs are captured afterwards in what is left.
-            available = int(inputs.kv_cache_memory_bytes)
-            used = weights + draft_weights + activation + non_torch + available
-            headroom = inputs.gpu_memory_bytes - used - CUDA_CONTEXT_BYTES - graphs
-    num_blocks = available // bytes_per_block if available > 0 else 0
+        budget = _gpu_budget(inputs, weights + draft_weights + activation, budget_tokens)
+    available = budget.kv_cache_available_bytes
     return MemoryEstimate(
         tensor_parallel_size=tp,
         accelerator=accel,
         model_dtype=model_dtype,
-        quantization=scheme,
+        quantization=resolve_quantization(shape, inputs.quantization, model_dtype),
         block_size=block,
         max_model_len=max_len,
         max_num_seqs=inputs.max_num_seqs,
         max_num_batched_tokens=budget_tokens,
         gpu_memory_bytes=inputs.gpu_memory_bytes,
         gpu_memory_utilization=inputs.gpu_memory_utilization,
-        requested_bytes=requested,
+        requested_bytes=budget.requested_bytes,
         weights_bytes=weights,
         draft_weights_bytes=draft_weights,
         activation_peak_bytes=activation,
-        non_torch_bytes=non_torch,
-        cudagraph_bytes=graphs,
-        cudagraph_subtracted=subtracted,
+        non_torch_bytes=budget.non_torch_bytes,
+        cudagraph_bytes=budget.cudagraph_bytes,
+        cudagraph_subtracted=budget.cudagraph_subtracted,
         kv_cache_available_bytes=available,
         target_kv_bytes_per_token=target_kv,
         draft_kv_bytes_per_token=draft_kv,
-        num_blocks=num_blocks,
-        headroom_after_graphs_bytes=headroom,
-        notes=tuple(notes),
+        num_blocks=available // ((target_kv + draft_kv) * block) if available > 0 else 0,
+        headroom_after_graphs_bytes=budget.headroom_after_graphs_bytes,
     )

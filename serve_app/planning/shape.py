@@ -140,100 +140,11 @@ class ModelShape:
         """Parse a HuggingFace config.json dict. Raises :class:`ModelShapeError` naming the missing key."""
         d = _flatten_text_config(config)
         label = name or str(d.get("_name_or_path") or d.get("model_type") or "model")
-
-        def need(*keys: str) -> Any:
-            value = _first(d, *keys)
-            if value is None:
-                raise ModelShapeError(
-                    f"{label}: config.json has none of {', '.join(repr(k) for k in keys)}; the memory model "
-                    "cannot size this model without it"
-                )
-            return value
-
-        hidden = int(need("hidden_size", "d_model", "n_embd"))
-        layers = int(need("num_hidden_layers", "n_layer", "num_layers"))
-        heads = int(need("num_attention_heads", "n_head", "num_heads"))
-        # Older configs (Llama-1/2-7B, Mistral-v0.1 style MHA) omit num_key_value_heads: MHA means kv = heads.
-        kv_heads = int(_first(d, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
-        if hidden <= 0 or layers <= 0 or heads <= 0 or kv_heads <= 0:
-            raise ModelShapeError(
-                f"{label}: hidden_size ({hidden}), num_hidden_layers ({layers}), num_attention_heads "
-                f"({heads}) and num_key_value_heads ({kv_heads}) must all be positive"
-            )
-        head_dim = int(_first(d, "head_dim", default=0) or hidden // heads)
-        vocab = int(need("vocab_size", "padded_vocab_size"))
-
-        # MoE: three spellings of the expert count across families.
-        num_experts = int(_first(d, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
-        moe_inter = int(_first(d, "moe_intermediate_size", default=0) or 0)
-        intermediate = int(_first(d, "intermediate_size", "ffn_dim", "n_inner", default=0) or 4 * hidden)
-        if num_experts and not moe_inter:
-            # Mixtral stores the expert width in intermediate_size.
-            moe_inter = intermediate
-        shared_inter = int(_first(d, "shared_expert_intermediate_size", default=0) or 0)
-        n_shared = int(_first(d, "n_shared_experts", "num_shared_experts", default=0) or 0)
-        if n_shared and not shared_inter:
-            shared_inter = n_shared * moe_inter
-        moe_freq = int(_first(d, "decoder_sparse_step", "moe_layer_freq", default=1) or 1)
-
-        kv_lora_rank = _first(d, "kv_lora_rank")
-        is_mla = kv_lora_rank is not None
-        if is_mla:
-            # MLA: the head width that matters is qk_nope + qk_rope (vLLM's q/k), v has its own width.
-            qk_nope = int(_first(d, "qk_nope_head_dim", default=0) or 0)
-            qk_rope = int(_first(d, "qk_rope_head_dim", default=0) or 0)
-            head_dim = qk_nope + qk_rope or head_dim
-        else:
-            qk_nope = qk_rope = 0
-
-        dtype = str(_first(d, "torch_dtype", "dtype", default="bfloat16"))
-        dtype = dtype.replace("torch.", "")
-        quant = _first(d, "quantization_config", "compression_config")
-        max_pos = int(
-            _first(d, "max_position_embeddings", "n_positions", "max_sequence_length", default=2048)
-        )
-        rope_scaling = d.get("rope_scaling") or {}
-        partial_rotary = float(_first(d, "partial_rotary_factor", default=1.0) or 1.0)
-        if isinstance(rope_scaling, Mapping) and rope_scaling.get("partial_rotary_factor"):
-            partial_rotary = float(rope_scaling["partial_rotary_factor"])
-        sliding = d.get("sliding_window") if d.get("use_sliding_window", True) else None
-        model_type = str(d.get("model_type") or "")
-        architectures = tuple(str(a) for a in (d.get("architectures") or ()))
-
-        return cls(
-            name=label,
-            architectures=architectures,
-            model_type=model_type,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
-            vocab_size=vocab,
-            intermediate_size=intermediate,
-            tie_word_embeddings=bool(_first(d, "tie_word_embeddings", default=False)),
-            torch_dtype=dtype,
-            max_position_embeddings=max_pos,
-            # Qwen2 carries a qkv bias without saying so in config.json; others declare attention_bias.
-            attention_bias=bool(_first(d, "attention_bias", "qkv_bias", default=model_type == "qwen2")),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
-            partial_rotary_factor=partial_rotary,
-            sliding_window=int(sliding) if sliding else None,
-            num_experts=num_experts,
-            num_experts_per_tok=int(_first(d, "num_experts_per_tok", "moe_topk", default=0) or 0),
-            moe_intermediate_size=moe_inter,
-            shared_expert_intermediate_size=shared_inter,
-            first_k_dense_replace=int(_first(d, "first_k_dense_replace", default=0) or 0),
-            moe_layer_freq=moe_freq,
-            mlp_only_layers=tuple(int(i) for i in (d.get("mlp_only_layers") or ())),
-            kv_lora_rank=int(kv_lora_rank) if is_mla else None,
-            q_lora_rank=int(d["q_lora_rank"]) if is_mla and d.get("q_lora_rank") else None,
-            qk_rope_head_dim=qk_rope,
-            qk_nope_head_dim=qk_nope,
-            v_head_dim=int(_first(d, "v_head_dim", default=0) or 0) if is_mla else 0,
-            num_nextn_predict_layers=int(_first(d, "num_nextn_predict_layers", default=0) or 0),
-            quantization_config=dict(quant) if isinstance(quant, Mapping) else None,
-        )
+        fields = _attention_fields(d, label)
+        fields.update(_mlp_fields(d, fields["hidden_size"]))
+        fields.update(_mla_fields(d, fields["head_dim"]))
+        fields.update(_checkpoint_fields(d))
+        return cls(name=label, **fields)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelShape:
@@ -254,3 +165,104 @@ class ModelShape:
             legacy.setdefault("quant_method", "gptq")
             config["quantization_config"] = legacy
         return cls.from_hf_config(config, name=root.name)
+
+
+# ------------------------------------------------------------------ config.json readers
+def _need(d: Mapping[str, Any], label: str, *keys: str) -> Any:
+    value = _first(d, *keys)
+    if value is None:
+        raise ModelShapeError(
+            f"{label}: config.json has none of {', '.join(repr(k) for k in keys)}; the memory model "
+            "cannot size this model without it"
+        )
+    return value
+
+
+def _attention_fields(d: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """Width, depth, heads and vocabulary: the fields every decoder has."""
+    hidden = int(_need(d, label, "hidden_size", "d_model", "n_embd"))
+    layers = int(_need(d, label, "num_hidden_layers", "n_layer", "num_layers"))
+    heads = int(_need(d, label, "num_attention_heads", "n_head", "num_heads"))
+    # Older configs (Llama-1/2-7B, Mistral-v0.1 style MHA) omit num_key_value_heads: MHA means kv = heads.
+    kv_heads = int(_first(d, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
+    if hidden <= 0 or layers <= 0 or heads <= 0 or kv_heads <= 0:
+        raise ModelShapeError(
+            f"{label}: hidden_size ({hidden}), num_hidden_layers ({layers}), num_attention_heads "
+            f"({heads}) and num_key_value_heads ({kv_heads}) must all be positive"
+        )
+    model_type = str(d.get("model_type") or "")
+    return dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=int(_first(d, "head_dim", default=0) or hidden // heads),
+        vocab_size=int(_need(d, label, "vocab_size", "padded_vocab_size")),
+        model_type=model_type,
+        # Qwen2 carries a qkv bias without saying so in config.json; others declare attention_bias.
+        attention_bias=bool(_first(d, "attention_bias", "qkv_bias", default=model_type == "qwen2")),
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+    )
+
+
+def _mlp_fields(d: Mapping[str, Any], hidden: int) -> dict[str, Any]:
+    """The MLP, and the experts of MoE models: three spellings of the expert count across families."""
+    num_experts = int(_first(d, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
+    moe_inter = int(_first(d, "moe_intermediate_size", default=0) or 0)
+    intermediate = int(_first(d, "intermediate_size", "ffn_dim", "n_inner", default=0) or 4 * hidden)
+    if num_experts and not moe_inter:
+        # Mixtral stores the expert width in intermediate_size.
+        moe_inter = intermediate
+    shared_inter = int(_first(d, "shared_expert_intermediate_size", default=0) or 0)
+    n_shared = int(_first(d, "n_shared_experts", "num_shared_experts", default=0) or 0)
+    if n_shared and not shared_inter:
+        shared_inter = n_shared * moe_inter
+    return dict(
+        intermediate_size=intermediate,
+        num_experts=num_experts,
+        num_experts_per_tok=int(_first(d, "num_experts_per_tok", "moe_topk", default=0) or 0),
+        moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=shared_inter,
+        first_k_dense_replace=int(_first(d, "first_k_dense_replace", default=0) or 0),
+        moe_layer_freq=int(_first(d, "decoder_sparse_step", "moe_layer_freq", default=1) or 1),
+        mlp_only_layers=tuple(int(i) for i in (d.get("mlp_only_layers") or ())),
+    )
+
+
+def _mla_fields(d: Mapping[str, Any], head_dim: int) -> dict[str, Any]:
+    """Multi-head latent attention (DeepSeek-V2/V3); nothing for ordinary attention."""
+    kv_lora_rank = _first(d, "kv_lora_rank")
+    if kv_lora_rank is None:
+        return {}
+    # MLA: the head width that matters is qk_nope + qk_rope (vLLM's q/k), v has its own width.
+    qk_nope = int(_first(d, "qk_nope_head_dim", default=0) or 0)
+    qk_rope = int(_first(d, "qk_rope_head_dim", default=0) or 0)
+    return dict(
+        head_dim=qk_nope + qk_rope or head_dim,
+        kv_lora_rank=int(kv_lora_rank),
+        q_lora_rank=int(d["q_lora_rank"]) if d.get("q_lora_rank") else None,
+        qk_rope_head_dim=qk_rope,
+        qk_nope_head_dim=qk_nope,
+        v_head_dim=int(_first(d, "v_head_dim", default=0) or 0),
+    )
+
+
+def _checkpoint_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Dtype, positions, rotary and sliding window, quantization, architecture names."""
+    quant = _first(d, "quantization_config", "compression_config")
+    rope_scaling = d.get("rope_scaling") or {}
+    partial_rotary = float(_first(d, "partial_rotary_factor", default=1.0) or 1.0)
+    if isinstance(rope_scaling, Mapping) and rope_scaling.get("partial_rotary_factor"):
+        partial_rotary = float(rope_scaling["partial_rotary_factor"])
+    sliding = d.get("sliding_window") if d.get("use_sliding_window", True) else None
+    max_pos = _first(d, "max_position_embeddings", "n_positions", "max_sequence_length", default=2048)
+    return dict(
+        architectures=tuple(str(a) for a in (d.get("architectures") or ())),
+        tie_word_embeddings=bool(_first(d, "tie_word_embeddings", default=False)),
+        torch_dtype=str(_first(d, "torch_dtype", "dtype", default="bfloat16")).replace("torch.", ""),
+        max_position_embeddings=int(max_pos),
+        partial_rotary_factor=partial_rotary,
+        sliding_window=int(sliding) if sliding else None,
+        num_nextn_predict_layers=int(_first(d, "num_nextn_predict_layers", default=0) or 0),
+        quantization_config=dict(quant) if isinstance(quant, Mapping) else None,
+    )

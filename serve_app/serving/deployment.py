@@ -20,10 +20,10 @@ from ray.serve import Application
 from autoscale.replica_stats import ReplicaStatsWindow
 from serve_app.config import HeadroomConfig, load_config_files, load_env_config, parse_config
 from serve_app.models.resolve import resolve_models
-from serve_app.planning.from_config import plan_config, planning_cluster, require_fit
+from serve_app.planning.from_config import planning_cluster, require_fit
 from serve_app.planning.placement import ClusterSpec
 from serve_app.serving.engine import build_openai_app, parse_serve_args, start_engine
-from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
+from serve_app.serving.engine_args import PlannedEngine, plan_engine, vllm_cli_args
 from serve_app.serving.metrics import ServingMetrics
 from serve_app.serving.serve_options import deployment_options
 
@@ -84,9 +84,8 @@ def build_from_config(cfg: HeadroomConfig, cluster: ClusterSpec | None = None) -
     refused before anything is deployed.
     """
     models = resolve_models(cfg)
-    result = plan_config(cfg, cluster or live_cluster(cfg), models.model_path, models.draft_path)
+    result, planned = plan_engine(cfg, models, cluster or live_cluster(cfg))
     require_fit(result)
-    planned = PlannedEngine(result.tensor_parallel_size, result.max_num_seqs)
     deployment = serve.deployment(LLMServer).options(name="LLMServer", **deployment_options(cfg, result))
     return deployment.bind(cfg.model_dump(mode="json"), asdict(planned))
 

@@ -1,8 +1,9 @@
-"""The one place where a headroom config becomes vLLM engine arguments.
+"""The one place where a headroom config and its plan become vLLM engine arguments.
 
 The output is the flag list `vllm serve` takes, so the same list builds our replicas' engines (parsed by
-vLLM's own argument parser) and the bare `vllm serve` that the overhead benchmark compares against.
-Pure: imports neither vLLM nor Ray.
+vLLM's own argument parser), `headroom engine-args` prints, and the bare `vllm serve` that the overhead
+benchmark compares against. `plan_engine` is the one step from a config to what the plan decides for each
+engine; the deployment and `headroom engine-args` both take it. Pure: imports neither vLLM nor Ray.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 from serve_app.config import HeadroomConfig
 from serve_app.config.vocabulary import GIB_BYTES
 from serve_app.models.resolve import ResolvedModels
+from serve_app.planning.from_config import plan_config
+from serve_app.planning.request import ClusterSpec
+from serve_app.planning.result import Plan
 
 
 def speculative_config(cfg: HeadroomConfig, draft_path: str | None) -> dict | None:
@@ -36,13 +40,20 @@ def speculative_config(cfg: HeadroomConfig, draft_path: str | None) -> dict | No
 class PlannedEngine:
     """What the plan decides for each engine (serve_app.planning); the rest comes from the config."""
 
-    tensor_parallel_size: int = 1
-    max_num_seqs: int | None = None  # None: the config's value
+    tensor_parallel_size: int
+    max_num_seqs: int
 
 
-def vllm_cli_args(
-    cfg: HeadroomConfig, models: ResolvedModels, planned: PlannedEngine = PlannedEngine()
-) -> list[str]:
+def plan_engine(
+    cfg: HeadroomConfig, models: ResolvedModels, cluster: ClusterSpec
+) -> tuple[Plan, PlannedEngine]:
+    """The plan for `cfg` on `cluster`, made from the resolved model directories as the replicas see them,
+    and what it decides for each engine. The caller refuses a plan that does not fit."""
+    result = plan_config(cfg, cluster, models.model_path, models.draft_path)
+    return result, PlannedEngine(result.tensor_parallel_size, result.max_num_seqs)
+
+
+def vllm_cli_args(cfg: HeadroomConfig, models: ResolvedModels, planned: PlannedEngine) -> list[str]:
     """The `vllm serve` flags that configure an engine exactly as `cfg` and its plan say."""
     m, e = cfg.model, cfg.engine
     args = ["--model", models.model_path, "--served-model-name", cfg.served_model_name]
@@ -55,7 +66,7 @@ def vllm_cli_args(
         args += ["--max-model-len", str(m.max_model_len)]
     if m.dummy_weights:
         args += ["--load-format", "dummy"]
-    args += ["--max-num-seqs", str(planned.max_num_seqs or e.max_num_seqs), "--seed", str(e.seed)]
+    args += ["--max-num-seqs", str(planned.max_num_seqs), "--seed", str(e.seed)]
     args.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
     args.append("--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill")
     if e.max_num_batched_tokens:

@@ -83,7 +83,14 @@ class Cluster:
 def cluster() -> Cluster:
     http_port, metrics_port = free_port(), free_port()
     apply_cluster_env(os.environ)  # the production settings (HAProxy ingress)
-    ray.init(num_cpus=8, _metrics_export_port=metrics_port, logging_level="WARNING", log_to_driver=False)
+    # A new local cluster, whatever /tmp/ray/ray_current_cluster points at (a stale one fails the session).
+    ray.init(
+        address="local",
+        num_cpus=8,
+        _metrics_export_port=metrics_port,
+        logging_level="WARNING",
+        log_to_driver=False,
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     main, draft = overlay("ngram.yaml"), overlay("draft.yaml")
     for cfg in (main, draft):

@@ -9,6 +9,12 @@ clusters on the machine) and deploys through the dashboard's REST API, as `serve
 - version C sets an SLO no engine meets (TTFT p95 <= 0.001 ms): its smoke gate fails, it is rolled back to
   B automatically, and B serves throughout and after.
 
+The cluster runs with Ray's token authentication (RAY_AUTH_MODE=token), so every call above carries the
+token; a second test runs `headroom status` and `headroom rollout` as a user would, without the token (refused
+with exit 2, naming what to set) and with it, and finds the token in no output, rendered config, history or
+Ray log. After the first test it rolls out the config already running (version B), which takes seconds; on
+its own it deploys B as a new app.
+
 `ray stop` stops every Ray cluster on the machine, so the test stops only its own, by process id: it makes
 itself the subreaper of what `ray start` leaves behind, and at the end stops its new descendants (SIGTERM,
 then SIGKILL after a grace period), the engine processes included.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import random
 import shutil
@@ -38,7 +45,7 @@ import pytest
 
 from loadtests.smoke import run_smoke_load
 from serve_app.config import DEFAULT_CONFIG_DIR, ConfigError
-from serve_app.rollout.operations import SmokeOptions, auth_headers, read_history, rollout, status
+from serve_app.rollout import SmokeOptions, dashboard_auth_headers, read_history, rollout, status
 from serve_app.serving.serve_options import apply_cluster_env
 
 pytestmark = pytest.mark.integration
@@ -50,8 +57,10 @@ VERSION_A = [
     DEFAULT_CONFIG_DIR / "local.yaml",
     HERE / "configs" / "rollout.yaml",
 ]
+ENGINE_CHANGE = "engine: {max_num_seqs: 16}\n"  # version B's overlay on version A
 MODEL = "tiny-qwen3-rollout"
 SMOKE = SmokeOptions(users=2, duration_s=10, max_tokens=16)
+RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
 def free_port() -> int:
@@ -65,6 +74,8 @@ class RayCluster:
     dashboard: str
     http_port: int
     state_dir: Path
+    root: Path
+    token: str
 
     @property
     def app_url(self) -> str:
@@ -107,11 +118,44 @@ def _stop(procs: list[psutil.Process], grace_s: float = 15) -> None:
     psutil.wait_procs(alive, timeout=10)
 
 
+@contextlib.contextmanager
+def token_auth_client(root: Path) -> Iterator[str]:
+    """This process as a client of Ray's token authentication; yields the token it sends, which the test
+    cluster is started with. A process already in token mode keeps its token: a `ray.init()` earlier in the
+    session turned it on (with ~/.ray/auth_token), and its Ray driver shares Ray's token loader. Otherwise
+    token mode is turned on with a new token for this module, and off again after."""
+    from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+    from ray._private.authentication_test_utils import reset_auth_token_state
+    from ray._raylet import AuthenticationTokenLoader
+
+    if is_token_auth_enabled():
+        yield AuthenticationTokenLoader.instance().get_raw_token()
+        return
+    token_file = root / "auth_token"
+    token_file.write_text(generate_new_authentication_token())
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("RAY_AUTH_TOKEN", raising=False)
+        env.setenv("RAY_AUTH_MODE", "token")
+        env.setenv("RAY_AUTH_TOKEN_PATH", str(token_file))
+        reset_auth_token_state()
+        try:
+            yield token_file.read_text()
+        finally:
+            env.undo()
+            reset_auth_token_state()
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
+    root = Path(tempfile.mkdtemp(prefix="hr-", dir="/tmp"))  # short: Unix socket paths live under it
+    with token_auth_client(root) as token:
+        yield from _start_cluster(root, token)
+
+
+def _start_cluster(root: Path, token: str) -> Iterator[RayCluster]:
     from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
-    root = Path(tempfile.mkdtemp(prefix="hr-", dir="/tmp"))  # short: Unix socket paths live under it
     ports = {
         name: free_port()
         for name in (
@@ -133,10 +177,14 @@ def ray_cluster() -> Iterator[RayCluster]:
     }
     # 100-port windows away from Serve's defaults (30000-31000, 40000-41000) that other clusters use.
     replica_http, replica_grpc = random.randrange(31000, 32600, 100), random.randrange(41000, 42900, 100)
-    env = dict(os.environ)
+    token_file = root / "cluster_token"
+    token_file.write_text(token)
+    env = {k: v for k, v in os.environ.items() if k not in RAY_AUTH_VARS}
     apply_cluster_env(env)
     env.update(
         {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token_file),
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p),
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(root / "haproxy" / "haproxy.cfg"),
             "RAY_SERVE_HAPROXY_SOCKET_PATH": str(root / "haproxy" / "admin.sock"),
@@ -179,21 +227,19 @@ def ray_cluster() -> Iterator[RayCluster]:
         deadline = time.monotonic() + 120
         while True:
             try:
-                if (
-                    httpx.get(f"{dashboard}/api/ray/version", headers=auth_headers(), timeout=5).status_code
-                    == 200
-                ):
+                headers = dashboard_auth_headers()
+                if httpx.get(f"{dashboard}/api/ray/version", headers=headers, timeout=5).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, "the dashboard did not come up"
             time.sleep(1)
         # Start Serve on a free port (an empty declarative config through the REST API).
-        ServeSubmissionClient(dashboard, headers=auth_headers()).deploy_applications(
+        ServeSubmissionClient(dashboard, headers=dashboard_auth_headers()).deploy_applications(
             {"http_options": {"host": "127.0.0.1", "port": ports["http"]}, "applications": []}
         )
         print(f"\ncluster up in {time.monotonic() - t0:.1f} s: dashboard {dashboard}, http {ports['http']}")
-        yield RayCluster(dashboard, ports["http"], root / "state")
+        yield RayCluster(dashboard, ports["http"], root / "state", root, token)
     finally:
         # Every process of this cluster, engine processes included: no need to drain the apps first.
         t1 = time.monotonic()
@@ -239,11 +285,13 @@ class Traffic:
 
 
 def _live(cluster: RayCluster) -> dict:
+    return _details(cluster)["applications"]["rollout"]
+
+
+def _details(cluster: RayCluster) -> dict:
     from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
-    return ServeSubmissionClient(cluster.dashboard, headers=auth_headers()).get_serve_details()[
-        "applications"
-    ]["rollout"]
+    return ServeSubmissionClient(cluster.dashboard, headers=dashboard_auth_headers()).get_serve_details()
 
 
 def _replica_ids(cluster: RayCluster) -> set[str]:
@@ -282,7 +330,7 @@ def test_rollout_update_under_traffic_and_automatic_rollback(ray_cluster: RayClu
     replicas_a = _replica_ids(cluster)
 
     # B: an engine setting changes; the replica rolls over while requests keep coming.
-    files_b = [*VERSION_A, _overlay(tmp_path / "b.yaml", "engine: {max_num_seqs: 16}\n")]
+    files_b = [*VERSION_A, _overlay(tmp_path / "b.yaml", ENGINE_CHANGE)]
     t = time.monotonic()
     with Traffic(cluster.app_url) as traffic_b:
         time.sleep(2)
@@ -346,3 +394,64 @@ def test_rollout_update_under_traffic_and_automatic_rollback(ray_cluster: RayClu
         f"requests during the update, 0 failed)\nC {times['C']:.0f} s ({c.timings_s}; {traffic_c.ok} "
         "requests, 0 failed)"
     )
+
+
+def headroom(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`headroom ARGS` as a user runs it, in its own process, with Ray's auth variables only as given."""
+    base = {k: v for k, v in os.environ.items() if k not in RAY_AUTH_VARS}
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "serve_app.cli.commands", *args]
+    return subprocess.run(cmd, env={**base, **env}, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def _deployed_configs(cluster: RayCluster) -> dict[str, dict]:
+    return {name: app["deployed_app_config"] for name, app in _details(cluster)["applications"].items()}
+
+
+def test_cli_needs_the_ray_token_and_never_shows_it(ray_cluster: RayCluster, tmp_path: Path):
+    cluster = ray_cluster
+    token_file = tmp_path / "token"
+    token_file.write_text(cluster.token)
+    with_token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    target = ["--address", cluster.dashboard, "--state-dir", str(cluster.state_dir)]
+    files_b = [*VERSION_A, _overlay(tmp_path / "b.yaml", ENGINE_CHANGE)]
+    rollout_b = ["rollout", *(a for f in files_b for a in ("--config", str(f))), "--no-smoke", *target]
+    runs: list[subprocess.CompletedProcess[str]] = []
+    apps, rollouts = _deployed_configs(cluster), len(read_history(cluster.state_dir, "rollout"))
+
+    # Without the token (Ray's clients send none unless RAY_AUTH_MODE=token), a wrong one or a missing
+    # file: refused with exit 2, naming what to set, and nothing deployed or written.
+    for env, command, words in (
+        ({}, ["status", *target], ["requires a token", "RAY_AUTH_MODE=token", "$RAY_AUTH_TOKEN"]),
+        ({}, rollout_b, ["requires a token", "RAY_AUTH_MODE=token", "$RAY_AUTH_TOKEN_PATH"]),
+        ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "not-the-token"}, ["status", *target], ["rejected"]),
+        (
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")},
+            rollout_b,
+            ["no token could be loaded", f"cannot be opened or is empty: {tmp_path / 'missing'}"],
+        ),
+    ):
+        runs.append(headroom(*command, env=env))
+        assert runs[-1].returncode == 2, (env, command, runs[-1].stderr)
+        assert all(word in " ".join(runs[-1].stderr.split()) for word in words), runs[-1].stderr
+    assert _deployed_configs(cluster) == apps
+    assert len(read_history(cluster.state_dir, "rollout")) == rollouts
+
+    # With the token: the rollout (version B; after the first test, the config already running) and status.
+    runs.append(headroom(*rollout_b, "--timeout-s", "300", "--json", env=with_token))
+    assert runs[-1].returncode == 0, runs[-1].stderr
+    record = json.loads(runs[-1].stdout)
+    assert record["outcome"] == "succeeded"
+    runs.append(headroom("status", "--json", *target, env=with_token))
+    assert runs[-1].returncode == 0, runs[-1].stderr
+    (app,) = [a for a in json.loads(runs[-1].stdout)["applications"] if a["name"] == "rollout"]
+    assert app["status"] == "RUNNING" and app["config_hash"] == record["config_hash"]
+
+    # The token is in no output, rendered config, history line, deployed config or Ray log.
+    places = {f"output of `headroom {' '.join(r.args[3:5])}`": r.stdout + r.stderr for r in runs}
+    places["the cluster's Serve details"] = json.dumps(_details(cluster))
+    files = [*cluster.state_dir.rglob("*"), *(cluster.root / "ray" / "session_latest" / "logs").rglob("*")]
+    places.update({str(f): f.read_text(errors="replace") for f in files if f.is_file()})
+    assert Path(record["rendered"]).is_file() and str(Path(record["rendered"])) in places
+    assert sum(".log" in where or ".out" in where or ".err" in where for where in places) >= 3
+    assert [where for where, text in places.items() if cluster.token in text] == []

@@ -23,6 +23,7 @@ from serve_app.config import (
     ResourcesSection,
     SLOSection,
     SpeculativeSection,
+    WorkloadSection,
     available_envs,
     deep_merge,
     load_config,
@@ -41,6 +42,7 @@ ALL_SECTIONS = [
     AutoscalingSettings,
     SLOSection,
     ResourcesSection,
+    WorkloadSection,
 ]
 DRAFT_FAMILY = "'draft_model', 'eagle', 'eagle3', 'dflash', 'dspark'"
 
@@ -140,7 +142,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str, list[str]]] = [
         [
             "unknown key 'modle'",
             "did you mean 'model'?",
-            "allowed keys here: deployment, engine, model, name, resources, route_prefix, slo",
+            "allowed keys here: deployment, engine, model, name, resources, route_prefix, slo, workload",
         ],
     ),
     (

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import shlex
+from dataclasses import asdict
 
 import pytest
+from typer.testing import CliRunner
 
-from serve_app.config import ConfigError, deep_merge, load_env_config, parse_config
+from serve_app.cli.commands import app
+from serve_app.config import ConfigError, deep_merge, load_config_files, load_env_config, parse_config
+from serve_app.models.resolve import resolve_models
+from serve_app.planning import catalogue
 from serve_app.planning.from_config import cluster_spec, plan_config, require_fit
-from serve_app.serving.engine_args import PlannedEngine, ResolvedModels, vllm_cli_args
+from serve_app.serving.engine_args import PlannedEngine, ResolvedModels, plan_engine, vllm_cli_args
 from serve_app.serving.serve_options import deployment_options
 
 MODELS = ResolvedModels("/models/target", "/models/draft")
+ONE_RANK = PlannedEngine(tensor_parallel_size=1, max_num_seqs=32)
 
 
 def config(**overlay):
@@ -24,7 +31,7 @@ def flag(args: list[str], name: str) -> str:
 
 
 def test_local_config_flags():
-    args = vllm_cli_args(config(), MODELS)
+    args = vllm_cli_args(config(), MODELS, ONE_RANK)
     assert flag(args, "--model") == "/models/target"
     assert flag(args, "--served-model-name") == "tiny-qwen3"
     assert flag(args, "--max-num-seqs") == "32"
@@ -37,7 +44,7 @@ def test_local_config_flags():
 
 def test_features_switch_off():
     args = vllm_cli_args(
-        config(engine={"enable_prefix_caching": False, "enable_chunked_prefill": False}), MODELS
+        config(engine={"enable_prefix_caching": False, "enable_chunked_prefill": False}), MODELS, ONE_RANK
     )
     assert "--no-enable-prefix-caching" in args and "--no-enable-chunked-prefill" in args
 
@@ -71,7 +78,7 @@ def test_features_switch_off():
 def test_speculative_config_reaches_flags(spec, expected):
     cfg = config(engine={"speculative": spec})
     models = MODELS if "draft_model" in spec else ResolvedModels("/models/target")
-    args = vllm_cli_args(cfg, models)
+    args = vllm_cli_args(cfg, models, ONE_RANK)
     assert json.loads(flag(args, "--speculative-config")) == expected
 
 
@@ -92,7 +99,7 @@ def test_gpu_flags_and_tensor_parallel():
         resources={"accelerator": "gpu", "gpu_type": "H200"}, engine={"allreduce_rms_fusion": True}
     )
     assert "--compilation-config" not in vllm_cli_args(fused, MODELS, PlannedEngine(2, 64))
-    single = vllm_cli_args(cfg, MODELS)
+    single = vllm_cli_args(cfg, MODELS, PlannedEngine(tensor_parallel_size=1, max_num_seqs=256))
     assert "--distributed-executor-backend" not in single and flag(single, "--tensor-parallel-size") == "1"
     assert "--compilation-config" not in single
 
@@ -143,3 +150,45 @@ def test_replicas_and_autoscaling_options():
     assert "num_replicas" not in opts
     assert opts["autoscaling_config"]["max_replicas"] == 3
     assert opts["ray_actor_options"] == {"num_cpus": 1}
+
+
+def llama70_config(tmp_path, gpu_type: str):
+    """A GPU config file serving a local Llama-3.1-70B-shaped directory (config.json only: nothing is
+    generated) at 8k."""
+    model_dir = tmp_path / "llama-70b"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(catalogue.get("meta-llama/Llama-3.1-70B-Instruct")))
+    path = tmp_path / "gpu.yaml"
+    path.write_text(
+        f"model: {{source: {model_dir}, max_model_len: 8192}}\n"
+        f"resources: {{accelerator: gpu, gpu_type: {gpu_type}}}\n"
+    )
+    return path
+
+
+def test_engine_args_prints_the_flags_the_deployment_gives_each_replica(tmp_path):
+    """`headroom engine-args` = what build_from_config binds (config and planned engine as plain data) and
+    the replica turns into flags, for a GPU config whose plan sets TP and lowers max_num_seqs."""
+    config_path = llama70_config(tmp_path, "A100-80GB")
+    result = CliRunner().invoke(app, ["engine-args", "--config", str(config_path), "--gpus", "2"])
+    assert result.exit_code == 0, result.output
+    printed = shlex.split(result.stdout)
+
+    # build_from_config's step, then the replica's own: parse_config + resolve_models + PlannedEngine(**...).
+    cfg = load_config_files(config_path)
+    plan, planned = plan_engine(cfg, resolve_models(cfg), cluster_spec(cfg, gpus_per_node=2))
+    bound_config, bound_planned = cfg.model_dump(mode="json"), asdict(planned)
+    replica_cfg = parse_config(bound_config)
+    replica_args = vllm_cli_args(replica_cfg, resolve_models(replica_cfg), PlannedEngine(**bound_planned))
+    assert printed == replica_args
+    # The plan, not the config, set these (the config has no tensor_parallel_size and 256 sequences).
+    assert flag(printed, "--tensor-parallel-size") == "2" and cfg.engine.tensor_parallel_size is None
+    assert flag(printed, "--max-num-seqs") == str(plan.max_num_seqs) == "19"
+    assert "planned for 1 node(s) x 2 A100-80GB" in result.stderr
+    assert "--tensor-parallel-size 2, --max-num-seqs 19 (config: 256)" in result.stderr
+
+
+def test_engine_args_refuses_a_plan_that_does_not_fit(tmp_path):
+    result = CliRunner().invoke(app, ["engine-args", "--config", str(llama70_config(tmp_path, "H100-80GB"))])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "won't fit" in result.stderr and "Weights need 131.45 GiB per GPU" in result.stderr

@@ -10,6 +10,7 @@ import pytest
 
 from serve_app.planning import catalogue
 from serve_app.planning import memory as m
+from serve_app.planning import model_bytes as mb
 from serve_app.planning.shape import ModelShape, ModelShapeError
 
 GIB = 1 << 30
@@ -34,7 +35,7 @@ def inputs_from_fixture(config: dict[str, Any]) -> m.MemoryInputs:
     if config.get("speculative"):
         s = config["speculative"]
         draft = shape(s["draft_model"]) if s.get("draft_model") else None
-        spec = m.SpeculativeSpec(s["method"], s["num_speculative_tokens"], draft)
+        spec = mb.SpeculativeSpec(s["method"], s["num_speculative_tokens"], draft)
     return m.MemoryInputs(
         model=model,
         gpu_memory_bytes=config.get("gpu_memory_bytes") or (gpu.memory_bytes if gpu else 0),
@@ -117,7 +118,7 @@ def test_h200_memory_is_what_torch_reports() -> None:
     ],
 )
 def test_parameter_count_matches_model_card(name: str, published_params: float) -> None:
-    assert m.parameter_count(shape(name)) == pytest.approx(published_params, rel=0.01)
+    assert mb.parameter_count(shape(name)) == pytest.approx(published_params, rel=0.01)
 
 
 @pytest.mark.parametrize(
@@ -125,14 +126,14 @@ def test_parameter_count_matches_model_card(name: str, published_params: float) 
     [("Qwen/Qwen3-30B-A3B", 3.3e9), ("mistralai/Mixtral-8x7B-Instruct-v0.1", 12.9e9)],
 )
 def test_moe_active_parameters(name: str, published_active: float) -> None:
-    assert m.active_parameter_count(shape(name)) == pytest.approx(published_active, rel=0.03)
+    assert mb.active_parameter_count(shape(name)) == pytest.approx(published_active, rel=0.03)
 
 
 def test_moe_weights_count_every_expert() -> None:
     # The seed: MoE weight memory follows TOTAL parameters; 30B-A3B weighs like a 30B dense model.
-    moe = m.weight_bytes_per_gpu(shape("Qwen/Qwen3-30B-A3B"))
+    moe = mb.weight_bytes_per_gpu(shape("Qwen/Qwen3-30B-A3B"))
     assert moe / GIB == pytest.approx(30.53e9 * 2 / GIB, rel=0.01)
-    assert moe > 3 * m.weight_bytes_per_gpu(shape("Qwen/Qwen3-8B"))
+    assert moe > 3 * mb.weight_bytes_per_gpu(shape("Qwen/Qwen3-8B"))
 
 
 @pytest.mark.parametrize(
@@ -148,27 +149,27 @@ def test_moe_weights_count_every_expert() -> None:
     ],
 )
 def test_weight_bytes(name: str, tp: int, dtype: str, quantization: str | None, expected_gib: float) -> None:
-    got = m.weight_bytes_per_gpu(shape(name), tp, dtype, quantization) / GIB
+    got = mb.weight_bytes_per_gpu(shape(name), tp, dtype, quantization) / GIB
     assert got == pytest.approx(expected_gib, rel=0.005)
 
 
 def test_quantization_bytes_per_weight() -> None:
     s = shape("Qwen/Qwen3-8B")
-    assert m.resolve_quantization(s, None, "bfloat16").bytes_per_weight == 2
-    assert m.resolve_quantization(s, "fp8", "bfloat16").bytes_per_weight == 1
+    assert mb.resolve_quantization(s, None, "bfloat16").bytes_per_weight == 2
+    assert mb.resolve_quantization(s, "fp8", "bfloat16").bytes_per_weight == 1
     # int4 + an fp16 scale and a packed zero point per 128 weights
-    assert m.resolve_quantization(s, "gptq", "bfloat16").bytes_per_weight == pytest.approx(0.5 + 2.5 / 128)
+    assert mb.resolve_quantization(s, "gptq", "bfloat16").bytes_per_weight == pytest.approx(0.5 + 2.5 / 128)
     checkpoint = dict(catalogue.get("Qwen/Qwen3-8B"))
     checkpoint["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
-    scheme = m.resolve_quantization(ModelShape.from_hf_config(checkpoint), None, "bfloat16")
+    scheme = mb.resolve_quantization(ModelShape.from_hf_config(checkpoint), None, "bfloat16")
     assert scheme.method == "fp8" and scheme.bytes_per_weight == pytest.approx(1 + 4 / 16384)
     with pytest.raises(ValueError, match="not modelled"):
-        m.resolve_quantization(s, "squeezellm", "bfloat16")
+        mb.resolve_quantization(s, "squeezellm", "bfloat16")
 
 
 def test_tp_shards_weights_but_replicates_small_parts() -> None:
     s = shape("Qwen/Qwen3-8B")
-    tp1, tp2 = m.weight_breakdown_per_gpu(s, 1), m.weight_breakdown_per_gpu(s, 2)
+    tp1, tp2 = mb.weight_breakdown_per_gpu(s, 1), mb.weight_breakdown_per_gpu(s, 2)
     assert tp2.linear_params * 2 == tp1.linear_params
     assert tp2.embedding_params * 2 == tp1.embedding_params
     assert tp2.unquantized_params == tp1.unquantized_params  # layernorms, q/k norms: every rank holds them
@@ -177,8 +178,8 @@ def test_tp_shards_weights_but_replicates_small_parts() -> None:
 def test_replicated_kv_heads_cost_weights_too() -> None:
     # Qwen3-30B-A3B has 4 KV heads: at TP=8 each rank holds a whole head, so k/v weights total 2x the model's.
     s = shape("Qwen/Qwen3-30B-A3B")
-    total = m.weight_breakdown_per_gpu(s, 1).linear_params
-    assert m.weight_breakdown_per_gpu(s, 8).linear_params * 8 > total
+    total = mb.weight_breakdown_per_gpu(s, 1).linear_params
+    assert mb.weight_breakdown_per_gpu(s, 8).linear_params * 8 > total
 
 
 @pytest.mark.parametrize(
@@ -186,11 +187,11 @@ def test_replicated_kv_heads_cost_weights_too() -> None:
     [(151936, 151936), (32000, 32000), (32001, 32064), (128256, 128256), (102400, 102400)],
 )
 def test_vocab_padding_as_vllm(vocab: int, padded: int) -> None:
-    assert m.padded_vocab_size(vocab) == padded
+    assert mb.padded_vocab_size(vocab) == padded
 
 
 def test_mla_keeps_decode_copies_of_kv_b_proj() -> None:
-    b = m.weight_breakdown_per_gpu(shape("deepseek-ai/DeepSeek-V2-Lite"), 1)
+    b = mb.weight_breakdown_per_gpu(shape("deepseek-ai/DeepSeek-V2-Lite"), 1)
     assert b.mla_absorbed_params == 27 * 512 * 16 * (128 + 128)
 
 
@@ -217,14 +218,14 @@ def test_mla_keeps_decode_copies_of_kv_b_proj() -> None:
     ],
 )
 def test_kv_bytes_per_token(name: str, tp: int, kv_dtype: str, expected_bytes: int) -> None:
-    assert m.kv_bytes_per_token_per_gpu(shape(name), tp, kv_dtype) == expected_bytes
+    assert mb.kv_bytes_per_token_per_gpu(shape(name), tp, kv_dtype) == expected_bytes
 
 
 @pytest.mark.parametrize(("tp", "heads"), [(1, 8), (2, 4), (4, 2), (8, 1)])
 def test_kv_heads_split_then_replicated(tp: int, heads: int) -> None:
-    assert m.kv_heads_per_gpu(shape("meta-llama/Llama-3.1-70B-Instruct"), tp) == heads
-    assert m.kv_heads_per_gpu(shape("Qwen/Qwen3-30B-A3B"), tp) == max(1, 4 // tp)
-    assert m.kv_heads_per_gpu(shape("deepseek-ai/DeepSeek-V2-Lite"), tp) == 1
+    assert mb.kv_heads_per_gpu(shape("meta-llama/Llama-3.1-70B-Instruct"), tp) == heads
+    assert mb.kv_heads_per_gpu(shape("Qwen/Qwen3-30B-A3B"), tp) == max(1, 4 // tp)
+    assert mb.kv_heads_per_gpu(shape("deepseek-ai/DeepSeek-V2-Lite"), tp) == 1
 
 
 # ------------------------------------------------------------------------------- vLLM's block arithmetic
@@ -325,8 +326,8 @@ def test_tp2_halves_kv_per_token_and_adds_nccl_allowance() -> None:
 def test_draft_model_costs_weights_and_kv() -> None:
     draft = shape("Qwen/Qwen3-0.6B")
     base = m.estimate_memory(_h200_inputs())
-    spec = m.estimate_memory(_h200_inputs(speculative=m.SpeculativeSpec("draft_model", 5, draft)))
-    assert spec.draft_weights_bytes == m.weight_bytes_per_gpu(draft)
+    spec = m.estimate_memory(_h200_inputs(speculative=mb.SpeculativeSpec("draft_model", 5, draft)))
+    assert spec.draft_weights_bytes == mb.weight_bytes_per_gpu(draft)
     # The drafter's layers share the block pool: every block holds target (144 KiB) + draft (112 KiB) tokens.
     assert spec.kv_bytes_per_token == (144 + 112) * KIB
     assert spec.kv_cache_tokens < 0.6 * base.kv_cache_tokens
@@ -334,13 +335,13 @@ def test_draft_model_costs_weights_and_kv() -> None:
 
 def test_ngram_costs_nothing_and_eagle_head_is_small() -> None:
     base = m.estimate_memory(_h200_inputs())
-    ngram = m.estimate_memory(_h200_inputs(speculative=m.SpeculativeSpec("ngram", 5)))
-    eagle = m.estimate_memory(_h200_inputs(speculative=m.SpeculativeSpec("eagle", 3)))
+    ngram = m.estimate_memory(_h200_inputs(speculative=mb.SpeculativeSpec("ngram", 5)))
+    eagle = m.estimate_memory(_h200_inputs(speculative=mb.SpeculativeSpec("eagle", 3)))
     assert ngram.kv_cache_tokens == base.kv_cache_tokens and ngram.draft_weights_bytes == 0
     assert 0.3 * GIB < eagle.draft_weights_bytes < 1 * GIB  # one decoder layer + fc, lm_head shared
     assert eagle.draft_kv_bytes_per_token == 4 * KIB  # one layer of the target's KV
     with pytest.raises(ValueError, match="draft model's shape"):
-        m.estimate_memory(_h200_inputs(speculative=m.SpeculativeSpec("draft_model", 5)))
+        m.estimate_memory(_h200_inputs(speculative=mb.SpeculativeSpec("draft_model", 5)))
 
 
 def test_cpu_backend_uses_given_space_and_128_token_blocks() -> None:
@@ -407,7 +408,7 @@ def test_from_dir_reads_config_and_legacy_gptq(tmp_path: Path) -> None:
     (tmp_path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
     s = ModelShape.from_dir(tmp_path)
     assert s.quantization_config is not None and s.quantization_config["quant_method"] == "gptq"
-    assert m.resolve_quantization(s, None, "bfloat16").method == "gptq"
+    assert mb.resolve_quantization(s, None, "bfloat16").method == "gptq"
     with pytest.raises(ModelShapeError, match="no config.json"):
         ModelShape.from_dir(tmp_path / "missing")
 

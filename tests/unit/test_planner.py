@@ -10,16 +10,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from serve_app.config import WorkloadSection, parse_config
 from serve_app.planning import catalogue
+from serve_app.planning.from_config import cluster_spec, plan_request
+from serve_app.planning.latency import estimate_latency
 from serve_app.planning.memory import estimate_memory
-from serve_app.planning.placement import (
-    ClusterSpec,
-    Plan,
-    PlanRequest,
-    estimate_latency,
-    plan,
-    render_plan_table,
-)
+from serve_app.planning.placement import ClusterSpec, Plan, PlanRequest, plan
+from serve_app.planning.result import render_plan_table
 
 
 def request(
@@ -65,9 +62,7 @@ SCENARIOS = [
     ),
     Scenario(
         "8b-two-nodes-of-four",
-        request(
-            QWEN8, gpus=4, nodes=2, max_model_len=8192, typical_prompt_tokens=1024, typical_output_tokens=256
-        ),
+        request(QWEN8, gpus=4, nodes=2, max_model_len=8192, workload=WorkloadSection(prompt_tokens=2048)),
         True,
         1,
         8,
@@ -85,8 +80,8 @@ SCENARIOS = [
         "70b-eight-h100-must-shard",
         request(LLAMA70, gpu="H100-80GB", gpus=8, max_model_len=8192, ttft_p95_ms=2000, tpot_p50_ms=50),
         True,
-        8,
-        1,
+        4,
+        2,
         "the model does not fit one GPU",
     ),
     Scenario(
@@ -111,7 +106,7 @@ SCENARIOS = [
         True,
         2,
         1,
-        "max_num_seqs lowered from 256 to 2",
+        "max_num_seqs lowered from 256 to 19",
     ),
     Scenario(
         "moe-30b-a3b-fits-one-h100",
@@ -151,7 +146,7 @@ SCENARIOS = [
         True,
         1,
         1,
-        "max_num_seqs lowered from 256 to 2",
+        "max_num_seqs lowered from 256 to 18",
     ),
     Scenario(
         "unreachable-slo-picks-closest",
@@ -214,7 +209,13 @@ def test_seed_pitfall_unquantized_512_seqs_long_context_is_refused_with_numbers(
     assert "10.00 GiB KV cache is needed per GPU" in reasons
     assert "larger than the available KV cache memory (8.41 GiB = 34,448 tokens)" in reasons
     assert "the largest max_model_len that fits is 34,432" in reasons
-    assert "max_num_seqs=512 requests of 40,960 tokens need 5,120.00 GiB" in reasons
+    # The seeds' formula, KV cache = concurrency x context x bytes per token, at both lengths.
+    assert (
+        "max_num_seqs=512 sequences need 160.00 GiB of KV cache per GPU at the expected 1,280 tokens"
+        in reasons
+    )
+    assert "5,120.00 GiB at max_model_len 40,960" in reasons
+    assert "26.9 sequences at the expected context, 0 at max_model_len" in reasons
     # Which settings to change, each with its computed effect.
     assert "lower max_model_len to <= 34,432" in reasons
     assert "quantization='fp8' -> weights 31.97 GiB/GPU" in reasons
@@ -232,15 +233,55 @@ def test_weights_larger_than_gpu_refusal_names_budget_and_quantization() -> None
     assert p.to_json()["fits"] is False
 
 
+LONG = WorkloadSection(prompt_tokens=4096, output_tokens=1024)
+
+
+def test_max_num_seqs_is_lowered_to_the_expected_context_not_to_max_model_len() -> None:
+    lowered = plan(request(QWEN8, max_model_len=32768, max_num_seqs=512, workload=LONG))
+    # 794,064 KV tokens / 5,120 expected tokens = 155.1 sequences; 24 if all reached 32,768 tokens.
+    assert lowered.fits and lowered.max_num_seqs == 155 and lowered.max_num_seqs_without_preemption == 24
+    assert "max_num_seqs lowered from 512 to 155" in text(lowered)
+    assert "155 x 32,768 tokens x 147,456 bytes = 697.50 GiB" in text(lowered)
+
+
 def test_strict_max_num_seqs_refuses_instead_of_lowering() -> None:
-    lowered = plan(request(QWEN8, max_model_len=32768, max_num_seqs=512))
-    assert lowered.fits and lowered.max_num_seqs == 24
-    assert "max_num_seqs lowered from 512 to 24" in text(lowered)
-    strict = plan(request(QWEN8, max_model_len=32768, max_num_seqs=512, require_max_num_seqs=True))
-    assert not strict.fits
-    assert "at most 24 fit at max_model_len (require_max_num_seqs is set" in text(strict)
-    assert "lower max_num_seqs to <= 24" in text(strict)
-    assert "room for 25.7 of the 512 requests, still short" in text(strict)  # fp8 weights do not rescue it
+    strict = plan(
+        request(QWEN8, max_model_len=32768, max_num_seqs=512, workload=LONG, require_max_num_seqs=True)
+    )
+    assert not strict.fits and strict.replicas == 0
+    assert (
+        "155.1 sequences at the expected context, 24 at max_model_len (require_max_num_seqs is set"
+        in text(strict)
+    )
+    assert "lower max_num_seqs to <= 155" in text(strict)
+    assert "room for 164.3 of the 512 sequences, still short" in text(strict)  # fp8 weights do not rescue it
+    assert "tensor_parallel_size=4 fits" in text(strict)
+
+
+@pytest.mark.parametrize(
+    ("model", "max_model_len", "without_preemption"),
+    [
+        # Issue 12: bare vLLM runs Qwen3-8B at 256 sequences on an H200; the planner used to cap it at 96.
+        (QWEN8, 8192, 96),
+        ("meta-llama/Llama-3.1-8B-Instruct", 16384, 54),
+        # 387 fit even at max_model_len: nothing counts on preemption.
+        (QWEN8, 2048, 387),
+    ],
+)
+def test_max_num_seqs_counts_on_preemption_and_reports_the_guarantee(
+    model: str, max_model_len: int, without_preemption: int
+) -> None:
+    p = plan(request(model, max_model_len=max_model_len))
+    assert p.fits and p.max_num_seqs == 256
+    assert p.max_num_seqs_without_preemption == without_preemption
+    assert p.to_json()["max_num_seqs_without_preemption"] == without_preemption
+    counts_on_preemption = [w for w in p.warnings if "counts on preemption" in w]
+    if without_preemption < 256:
+        assert len(counts_on_preemption) == 1
+        assert f"256 x {max_model_len:,} tokens" in counts_on_preemption[0]
+        assert f"set max_num_seqs <= {without_preemption}" in counts_on_preemption[0]
+    else:
+        assert counts_on_preemption == []
 
 
 def test_cpu_refusal_names_the_cpu_knob() -> None:
@@ -262,27 +303,24 @@ def test_kv_numbers_of_the_reference_config() -> None:
     assert p.weights_gib_per_gpu == pytest.approx(15.27, rel=0.01)
 
 
-def test_prefix_reuse_and_typical_length_raise_concurrency() -> None:
-    base = plan(
-        request(QWEN8, gpu="L40S", max_model_len=8192, typical_prompt_tokens=2048, typical_output_tokens=256)
-    )
-    reuse = plan(
-        request(
-            QWEN8,
-            gpu="L40S",
-            max_model_len=8192,
-            typical_prompt_tokens=2048,
-            typical_output_tokens=256,
-            prefix_reuse_fraction=0.8,
-        )
-    )
-    assert base.max_concurrency_at_typical_length is not None
-    assert reuse.max_concurrency_at_typical_length is not None
-    assert (
-        base.max_concurrency_at_typical_length > base.max_concurrency_per_replica
-    )  # shorter than max_model_len
-    assert reuse.max_concurrency_at_typical_length > 3 * base.max_concurrency_at_typical_length
+def test_prefix_reuse_and_expected_context_raise_concurrency() -> None:
+    base = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=WorkloadSection(prompt_tokens=2048)))
+    shared = WorkloadSection(prompt_tokens=2048, prefix_reuse_fraction=0.8)
+    reuse = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=shared))
+    assert base.expected_context_tokens == 2048 + 256
+    # Shorter than max_model_len, so more sequences fit than at max_model_len.
+    assert base.max_concurrency_at_expected_context > base.max_concurrency_per_replica
+    assert reuse.max_concurrency_at_expected_context > 3 * base.max_concurrency_at_expected_context
     assert reuse.max_num_seqs > base.max_num_seqs
+
+
+def test_prefix_reuse_counts_only_with_prefix_caching() -> None:
+    shared = WorkloadSection(prompt_tokens=2048, prefix_reuse_fraction=0.8)
+    on = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=shared))
+    off = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=shared, enable_prefix_caching=False))
+    plain = plan(request(QWEN8, gpu="L40S", max_model_len=8192, workload=WorkloadSection(prompt_tokens=2048)))
+    assert off.max_concurrency_at_expected_context == plain.max_concurrency_at_expected_context
+    assert on.max_concurrency_at_expected_context > off.max_concurrency_at_expected_context
 
 
 def test_fp8_kv_cache_doubles_kv_tokens() -> None:
@@ -328,6 +366,62 @@ def test_latency_model_is_monotonic_and_tp_speeds_decode() -> None:
     assert estimate_latency(req, tp2, gpu, 1).decode_step_ms < low.decode_step_ms
 
 
+def test_latency_model_times_the_workloads_request() -> None:
+    gpu = catalogue.gpu("H200")
+    short = request(QWEN8, max_model_len=8192)
+    long = request(QWEN8, max_model_len=8192, workload=WorkloadSection(prompt_tokens=4096))
+    mem = estimate_memory(short.memory_inputs(1))
+    assert (
+        estimate_latency(long, mem, gpu, 8).ttft_p95_ms > 2 * estimate_latency(short, mem, gpu, 8).ttft_p95_ms
+    )
+
+
+def test_parallel_drafting_reaches_the_latency_model() -> None:
+    spec = dict(
+        speculative_method="draft_model",
+        num_speculative_tokens=4,
+        draft_model=catalogue.shape("Qwen/Qwen3-0.6B"),
+        max_model_len=8192,
+    )
+    serial, parallel = request(QWEN8, **spec), request(QWEN8, **spec, parallel_drafting=True)
+    gpu, mem = catalogue.gpu("H200"), estimate_memory(serial.memory_inputs(1))
+    one_pass = estimate_latency(parallel, mem, gpu, 1).decode_step_ms
+    four_passes = estimate_latency(serial, mem, gpu, 1).decode_step_ms
+    # Four drafter passes of a 0.6B model (~1.2 GB read + 0.3 ms each) against one.
+    assert four_passes - one_pass == pytest.approx(3 * (1.19e9 / 3.6e12 * 1e3 + 0.3), rel=0.1)
+
+
+def test_config_reaches_the_plan_request() -> None:
+    cfg = parse_config(
+        {
+            "model": {"source": QWEN8, "max_model_len": 8192},
+            "engine": {
+                "enable_prefix_caching": False,
+                "speculative": {
+                    "method": "draft_model",
+                    "num_speculative_tokens": 3,
+                    "draft_model": "Qwen/Qwen3-0.6B",
+                    "parallel_drafting": True,
+                },
+            },
+            "resources": {"gpu_type": "H200"},
+            "workload": {"prompt_tokens": 2000, "output_tokens": 100, "prefix_reuse_fraction": 0.5},
+        }
+    )
+    req = plan_request(cfg, cluster_spec(cfg))
+    assert req.parallel_drafting and req.speculative is not None and req.speculative.parallel_drafting
+    assert req.workload == cfg.workload and req.expected_context_tokens == 2100
+    assert req.prefix_reuse_fraction == 0.0  # prefix caching is off: nothing is shared
+
+
+def test_a_large_overshoot_is_lowered_not_refused() -> None:
+    """vLLM serves 256 sequences on an L4 by preempting; the planner lowers it to what the cache holds."""
+    p = plan(request(QWEN8, gpu="L4", max_model_len=8192))
+    assert p.fits and p.max_num_seqs == 18 and p.max_num_seqs_without_preemption == 2
+    strict = plan(request(QWEN8, gpu="L4", max_model_len=8192, require_max_num_seqs=True))
+    assert not strict.fits and "lower max_num_seqs to <= 18 or unset require_max_num_seqs" in text(strict)
+
+
 def test_to_json_keys_and_round_trip() -> None:
     p = plan(request(QWEN8, gpus=2, max_model_len=8192, ttft_p95_ms=1000, tpot_p50_ms=50))
     d = p.to_json()
@@ -354,6 +448,9 @@ def test_to_json_keys_and_round_trip() -> None:
 def test_render_plan_table() -> None:
     table = render_plan_table(plan(request(QWEN8, max_model_len=8192)))
     assert "tensor_parallel_size" in table and "KV cache per replica" in table and "reason:" in table
+    assert "max_num_seqs            256 (sized for 1,280-token sequences)" in table
+    assert "  without preemption    96 (all at max_model_len)" in table
+    assert "  at expected context   620.36 at 1,280 tokens" in table
     refused = render_plan_table(plan(request(LLAMA70, gpu="H100-80GB", max_model_len=8192)))
     assert "fits" in refused and "NO" in refused and "won't fit" in refused
 

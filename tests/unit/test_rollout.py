@@ -9,7 +9,10 @@ from __future__ import annotations
 import copy
 import json
 import socket
+import threading
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +26,36 @@ from loadtests.raw_stats import summarize
 from loadtests.smoke import smoke_command
 from serve_app.cli.rollout_commands import register
 from serve_app.config import DEFAULT_CONFIG_DIR, ConfigError, SLOSection, load_env_config
-from serve_app.planning.from_config import cluster_spec, plan_config
-from serve_app.rollout import operations as ro
+from serve_app.planning.from_config import cluster_spec, plan_config, planning_cluster
+from serve_app.rollout import (
+    RolloutError,
+    SmokeOptions,
+    append_history,
+    assess_app,
+    config_hash,
+    dashboard,
+    dashboard_url,
+    deploy_body,
+    diff,
+    format_changes,
+    gate,
+    last_rollouts,
+    load_target,
+    read_history,
+    render,
+    render_target,
+    rollout,
+    state_dir,
+)
+from serve_app.rollout.changes import field_changes
+from serve_app.rollout.dashboard import (
+    ServeCluster,
+    dashboard_auth_headers,
+    default_address,
+    is_local_address,
+    open_dashboard_warning,
+)
+from serve_app.rollout.serve_state import check_conflicts, serve_base_url, update_kind
 from serve_app.serving.serve_options import deployment_options
 
 BASE = DEFAULT_CONFIG_DIR / "base.yaml"
@@ -51,7 +82,7 @@ def overlay(tmp_path: Path, text: str, name: str = "overlay.yaml") -> list[Path]
 
 
 def test_render_local_is_a_valid_serve_config_carrying_the_plan():
-    config = ro.render("local")
+    config = render("local")
     ServeDeploySchema.model_validate(config)
     cfg = load_env_config("local")
     plan = plan_config(cfg, cluster_spec(cfg))
@@ -61,7 +92,7 @@ def test_render_local_is_a_valid_serve_config_carrying_the_plan():
     assert app["args"]["config"] == cfg.model_dump(mode="json")
     assert app["args"]["headroom"] == {
         "env": "local",
-        "config_hash": ro.config_hash(cfg),
+        "config_hash": config_hash(cfg),
         "tensor_parallel_size": plan.tensor_parallel_size,
         "max_num_seqs": plan.max_num_seqs,
     }
@@ -72,7 +103,7 @@ def test_render_local_is_a_valid_serve_config_carrying_the_plan():
 
 
 def test_render_prod_autoscales_on_gpus_and_surges_when_the_cluster_has_room():
-    config = ro.render("prod", gpus=8, nodes=2)
+    config = render("prod", gpus=8, nodes=2)
     ServeDeploySchema.model_validate(config)
     dep = config["applications"][0]["deployments"][0]
     assert "num_replicas" not in dep
@@ -82,7 +113,7 @@ def test_render_prod_autoscales_on_gpus_and_surges_when_the_cluster_has_room():
     assert dep["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1}
     assert dep["max_surge_percent"] == 100  # 16 replicas fit, 8 at most run
     # On one node of 8 GPUs a peak of 8 replicas leaves no room: stop-then-start, and the header says so.
-    tight = ro.render_target(ro.load_target("prod"), ro.planning_cluster(load_env_config("prod"), gpus=8))
+    tight = render_target(load_target("prod"), planning_cluster(load_env_config("prod"), gpus=8))
     assert tight.app["deployments"][0]["max_surge_percent"] == 0
     assert "no surge" in tight.header()
 
@@ -90,8 +121,8 @@ def test_render_prod_autoscales_on_gpus_and_surges_when_the_cluster_has_room():
 def test_render_tensor_parallel_config_gets_a_strict_pack_placement_group(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text("name: big\nmodel: {source: meta-llama/Llama-3.1-70B-Instruct, served_name: llama-70b}\n")
-    target = ro.load_target(config_files=[BASE, path])
-    rendered = ro.render_target(target, ro.planning_cluster(target.cfg, gpus=8))
+    target = load_target(config_files=[BASE, path])
+    rendered = render_target(target, planning_cluster(target.cfg, gpus=8))
     ServeDeploySchema.model_validate(rendered.config)
     dep = rendered.app["deployments"][0]
     assert rendered.plan.tensor_parallel_size > 1
@@ -101,9 +132,9 @@ def test_render_tensor_parallel_config_gets_a_strict_pack_placement_group(tmp_pa
 
 
 def test_rendered_yaml_round_trips_and_is_deterministic():
-    target = ro.load_target("staging")
-    cluster = ro.planning_cluster(target.cfg, gpus=2)
-    first, second = ro.render_target(target, cluster), ro.render_target(target, cluster)
+    target = load_target("staging")
+    cluster = planning_cluster(target.cfg, gpus=2)
+    first, second = render_target(target, cluster), render_target(target, cluster)
     assert first.config == second.config  # same config, same args: Serve sees no change
     text = first.to_yaml("2026-11-30T00:00:00+00:00")
     assert f"# config hash:  {first.config_hash}" in text
@@ -113,9 +144,9 @@ def test_rendered_yaml_round_trips_and_is_deterministic():
 
 
 def test_config_files_target_is_labelled_by_app_name(tmp_path):
-    target = ro.load_target(config_files=overlay(tmp_path, "name: canary\nroute_prefix: /canary\n"))
+    target = load_target(config_files=overlay(tmp_path, "name: canary\nroute_prefix: /canary\n"))
     assert target.label == "canary" and target.env is None
-    assert ro.render_target(target, ro.planning_cluster(target.cfg)).app["route_prefix"] == "/canary"
+    assert render_target(target, planning_cluster(target.cfg)).app["route_prefix"] == "/canary"
 
 
 @pytest.mark.parametrize(
@@ -126,8 +157,8 @@ def test_config_files_target_is_labelled_by_app_name(tmp_path):
     ],
 )
 def test_cpu_surge_is_one_replica(tmp_path, cfg_text, percent):
-    target = ro.load_target(config_files=overlay(tmp_path, cfg_text))
-    rendered = ro.render_target(target, ro.planning_cluster(target.cfg))
+    target = load_target(config_files=overlay(tmp_path, cfg_text))
+    rendered = render_target(target, planning_cluster(target.cfg))
     assert rendered.app["deployments"][0]["max_surge_percent"] == percent
 
 
@@ -137,7 +168,7 @@ def test_cpu_surge_is_one_replica(tmp_path, cfg_text, percent):
 
 
 def test_diff_staging_prod_lists_replica_and_autoscaling_differences():
-    changes = ro.diff("staging", "prod", gpus=8, nodes=2)
+    changes = diff("staging", "prod", gpus=8, nodes=2)
     by_key = {(c.section, c.path): c for c in changes}
     assert by_key[("config", "deployment.num_replicas")].before == 1
     assert by_key[("config", "deployment.num_replicas")].after is None
@@ -154,19 +185,19 @@ def test_diff_staging_prod_lists_replica_and_autoscaling_differences():
     # Same model, same GPUs: the plan's TP size, KV tokens and max_num_seqs agree.
     for path in ("tensor_parallel_size", "kv_cache_tokens_per_replica", "max_num_seqs"):
         assert ("plan", path) not in by_key
-    text = ro.format_changes(changes, "staging", "prod")
+    text = format_changes(changes, "staging", "prod")
     assert "[config]" in text and "[plan]" in text and "[serve]" in text
 
 
 def test_diff_shows_the_plan_consequences_of_an_engine_change():
-    changes = ro.diff("local", "staging")
+    changes = diff("local", "staging")
     paths = {(c.section, c.path) for c in changes}
     assert {("plan", "max_num_seqs"), ("plan", "kv_cache_tokens_per_replica"), ("plan", "cluster")} <= paths
-    assert ro.diff("prod", "prod", gpus=8) == []
+    assert diff("prod", "prod", gpus=8) == []
 
 
 def test_field_changes_leaf_by_leaf():
-    changes = ro.field_changes(
+    changes = field_changes(
         "config", {"a": {"b": 1, "c": 2}, "d": None}, {"a": {"b": 1, "c": 3}, "d": {"e": 1}}
     )
     assert [c.render() for c in changes] == ["config: a.c: 2 -> 3", "config: d.e: (unset) -> 1"]
@@ -222,7 +253,7 @@ SLO = SLOSection(ttft_p95_ms=200, tpot_p50_ms=50, max_error_rate=0.05)
     ],
 )
 def test_gate_on_hand_made_raw_stats(records, passed, words):
-    result = ro.gate(summarize(records), SLO)
+    result = gate(summarize(records), SLO)
     assert result.passed is passed, result.reasons
     for word in words:
         assert any(word in reason for reason in result.reasons), result.reasons
@@ -234,7 +265,7 @@ def test_gate_without_tpot_fails_rather_than_passing_unmeasured():
     records = raw(10, 0.05, 0.01)
     for r in records:
         r["tpot_s"] = None
-    result = ro.gate(summarize(records), SLO)
+    result = gate(summarize(records), SLO)
     assert not result.passed and "TPOT p50 not measured" in result.reasons[0]
 
 
@@ -244,22 +275,22 @@ def test_gate_without_tpot_fails_rather_than_passing_unmeasured():
 
 
 def test_history_write_read_and_last_per_env(tmp_path):
-    ro.append_history(tmp_path, "staging", {"outcome": "succeeded", "config_hash": "a"})
-    ro.append_history(tmp_path, "staging", {"outcome": "rolled_back", "config_hash": "b"})
-    ro.append_history(tmp_path, "prod", {"outcome": "succeeded", "config_hash": "c"})
+    append_history(tmp_path, "staging", {"outcome": "succeeded", "config_hash": "a"})
+    append_history(tmp_path, "staging", {"outcome": "rolled_back", "config_hash": "b"})
+    append_history(tmp_path, "prod", {"outcome": "succeeded", "config_hash": "c"})
     with open(tmp_path / "rollouts" / "staging" / "history.jsonl", "a") as f:
         f.write('{"outcome": "half a li')  # a crash mid-write is skipped
-    assert [r["config_hash"] for r in ro.read_history(tmp_path, "staging")] == ["a", "b"]
-    assert ro.read_history(tmp_path, "nothing") == []
-    last = ro.last_rollouts(tmp_path)
+    assert [r["config_hash"] for r in read_history(tmp_path, "staging")] == ["a", "b"]
+    assert read_history(tmp_path, "nothing") == []
+    last = last_rollouts(tmp_path)
     assert {k: v["config_hash"] for k, v in last.items()} == {"prod": "c", "staging": "b"}
-    assert ro.last_rollouts(tmp_path / "missing") == {}
+    assert last_rollouts(tmp_path / "missing") == {}
 
 
 def test_state_dir_from_flag_env_or_default(tmp_path):
-    assert ro.state_dir(tmp_path) == tmp_path
-    assert ro.state_dir(None, {"HEADROOM_STATE_DIR": "/srv/headroom"}) == Path("/srv/headroom")
-    assert ro.state_dir(None, {}) == Path(".headroom")
+    assert state_dir(tmp_path) == tmp_path
+    assert state_dir(None, {"HEADROOM_STATE_DIR": "/srv/headroom"}) == Path("/srv/headroom")
+    assert state_dir(None, {}) == Path(".headroom")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -281,17 +312,193 @@ def test_state_dir_from_flag_env_or_default(tmp_path):
     ],
 )
 def test_malformed_addresses_are_refused(address, words):
-    with pytest.raises(ro.RolloutError) as err:
-        ro.dashboard_url(address)
+    with pytest.raises(RolloutError) as err:
+        dashboard_url(address)
     for word in words:
         assert word in str(err.value)
 
 
 def test_addresses_are_normalized():
-    assert ro.dashboard_url(" http://head:8265/ ") == "http://head:8265"
-    assert ro.dashboard_url("https://ray.example.com") == "https://ray.example.com"
-    assert ro.default_address({}) == ("http://127.0.0.1:8265", "the default")
-    assert ro.default_address({"RAY_ADDRESS": "http://h:8265"}) == ("http://h:8265", "$RAY_ADDRESS")
+    assert dashboard_url(" http://head:8265/ ") == "http://head:8265"
+    assert dashboard_url("https://ray.example.com") == "https://ray.example.com"
+    assert default_address({}) == ("http://127.0.0.1:8265", "the default")
+    assert default_address({"RAY_ADDRESS": "http://h:8265"}) == ("http://h:8265", "$RAY_ADDRESS")
+
+
+def test_an_address_with_credentials_is_refused_without_echoing_them():
+    with pytest.raises(RolloutError) as err:
+        dashboard_url("http://admin:s3cret@head:8265")
+    assert "user name or password" in str(err.value) and "s3cret" not in str(err.value)
+    assert "RAY_AUTH_MODE=token" in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Ray's token authentication on the control path
+# --------------------------------------------------------------------------------------------------------
+
+RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+@pytest.fixture
+def ray_auth_env(monkeypatch, tmp_path) -> Iterator[Callable[..., None]]:
+    """Sets Ray's auth variables (nothing else: HOME is an empty folder, so no ~/.ray/auth_token) and makes
+    Ray re-read them, as a new process would; the environment and Ray's view of it are put back after."""
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
+    def set_env(**variables: str) -> None:
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        for name in RAY_AUTH_VARS:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+        reset_auth_token_state()
+
+    yield set_env
+    monkeypatch.undo()
+    reset_auth_token_state()
+
+
+@pytest.mark.parametrize(
+    "variables,header",
+    [
+        ({}, None),
+        ({"RAY_AUTH_TOKEN": "tok-env"}, None),  # a token alone is not sent: Ray's clients need token mode
+        ({"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "tok-env"}, None),
+        ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "tok-env"}, "Bearer tok-env"),
+        ({"RAY_AUTH_MODE": "TOKEN", "RAY_AUTH_TOKEN_PATH": "{file}"}, "Bearer tok-file"),
+        (
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "tok-env", "RAY_AUTH_TOKEN_PATH": "{file}"},
+            "Bearer tok-env",
+        ),
+    ],
+)
+def test_ray_token_header_is_built_by_ray_only_in_token_mode(ray_auth_env, tmp_path, variables, header):
+    token_file = tmp_path / "token"
+    token_file.write_text("tok-file")
+    ray_auth_env(**{k: v.format(file=token_file) for k, v in variables.items()})
+    assert dashboard_auth_headers() == ({"authorization": header} if header else {})
+
+
+@pytest.mark.parametrize(
+    "variables,words",
+    [
+        ({"RAY_AUTH_MODE": "token"}, ["no token could be loaded", "$RAY_AUTH_TOKEN", "~/.ray/auth_token"]),
+        (
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "{missing}"},
+            ["RAY_AUTH_TOKEN_PATH is set but file cannot be opened or is empty: {missing}"],
+        ),
+    ],
+)
+def test_token_mode_without_a_token_is_refused_before_any_request(ray_auth_env, tmp_path, variables, words):
+    missing = str(tmp_path / "missing")
+    ray_auth_env(**{k: v.format(missing=missing) for k, v in variables.items()})
+    with pytest.raises(RolloutError) as err:
+        ServeCluster(closed_port_address())  # would say "cannot reach" had it sent a request
+    for word in words:
+        assert word.format(missing=missing) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "address,local",
+    [
+        ("http://127.0.0.1:8265", True),
+        ("http://127.8.0.1:8265", True),
+        ("http://localhost:8265", True),
+        ("http://[::1]:8265", True),
+        ("http://10.0.0.5:8265", False),
+        ("http://0.0.0.0:8265", False),
+        ("https://ray.example.com", False),
+        ("http://head:8265", False),
+    ],
+)
+def test_local_addresses(address, local):
+    assert is_local_address(address) is local
+
+
+def test_warning_only_for_a_remote_dashboard_without_token_authentication():
+    warning = open_dashboard_warning("http://10.0.0.5:8265", "disabled")
+    assert warning is not None and "answers without a token" in warning and "RAY_AUTH_MODE=token" in warning
+    assert open_dashboard_warning("http://10.0.0.5:8265", "token") is None
+    assert open_dashboard_warning("http://10.0.0.5:8265", None) is None  # it did not say: no guess
+    assert open_dashboard_warning("http://127.0.0.1:8265", "disabled") is None
+
+
+class FakeDashboard(BaseHTTPRequestHandler):
+    """Ray's dashboard as far as ServeCluster's first calls go: /api/ray/version checks the token as Ray's
+    middleware does (401 none, 403 wrong), /api/authentication_mode is public."""
+
+    token: str | None = None
+    seen: list[dict[str, str]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append(dict(self.headers))
+        if self.path == "/api/authentication_mode":
+            mode = "token" if self.token else "disabled"
+            return self._send(200, json.dumps({"authentication_mode": mode}))
+        sent = self.headers.get("authorization")
+        if self.token and not sent:
+            return self._send(401, "Unauthorized: Missing authentication token")
+        if self.token and sent != f"Bearer {self.token}":
+            return self._send(403, "Forbidden: Invalid authentication token")
+        return self._send(200, json.dumps({"ray_version": "2.60.0", "version": "4"}))
+
+    def _send(self, status: int, body: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_dashboard() -> Iterator[tuple[str, type[FakeDashboard]]]:
+    handler = type("Handler", (FakeDashboard,), {"token": None, "seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    thread.join()
+
+
+@pytest.mark.parametrize(
+    "sent,words",
+    [
+        ({}, ["requires a token", "none was sent", "RAY_AUTH_MODE=token", "$RAY_AUTH_TOKEN_PATH"]),
+        (
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "wrong-token"},
+            ["rejected the token", "get-auth-token"],
+        ),
+    ],
+)
+def test_a_dashboard_that_wants_a_token_refuses_clearly(ray_auth_env, fake_dashboard, sent, words):
+    address, handler = fake_dashboard
+    handler.token = "the-cluster-token"
+    ray_auth_env(**sent)
+    with pytest.raises(RolloutError) as err:
+        ServeCluster(address)
+    for word in words:
+        assert word in str(err.value)
+    assert "wrong-token" not in str(err.value) and "the-cluster-token" not in str(err.value)
+
+
+def test_the_token_is_sent_and_a_remote_open_dashboard_warned_about_once(
+    ray_auth_env, fake_dashboard, monkeypatch
+):
+    address, handler = fake_dashboard
+    handler.token = "the-cluster-token"
+    ray_auth_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="the-cluster-token")
+    warnings: list[str] = []
+    ServeCluster(address, warn=warnings.append)
+    assert warnings == []  # token mode, and local anyway
+    assert {h.get("authorization") for h in handler.seen} >= {"Bearer the-cluster-token"}
+
+    handler.token = None  # the same dashboard, open, seen as a remote address
+    monkeypatch.setattr(dashboard, "is_local_address", lambda address: False)
+    ServeCluster(address, warn=warnings.append)
+    assert len(warnings) == 1 and f"the Ray dashboard at {address} answers without a token" in warnings[0]
 
 
 def app_entry(
@@ -317,7 +524,7 @@ def app_entry(
 
 
 def local_app(**changes: Any) -> dict[str, Any]:
-    app = ro.render("local")["applications"][0]
+    app = render("local")["applications"][0]
     app.update(changes)
     return app
 
@@ -333,22 +540,22 @@ def test_deploy_body_keeps_other_declarative_apps_and_serve_options():
             "headroom": app_entry(local_app(args={"config": "old"})),
         },
     }
-    body = ro.deploy_body(details, ours, "headroom")
+    body = deploy_body(details, ours, "headroom")
     ServeDeploySchema.model_validate(body)
     assert [a["name"] for a in body["applications"]] == ["other", "headroom"]  # imperative apps are not ours
     assert body["applications"][1] == ours
     assert body["http_options"] == {"host": "127.0.0.1", "port": 8123}
-    removed = ro.deploy_body(details, None, "headroom")
+    removed = deploy_body(details, None, "headroom")
     assert [a["name"] for a in removed["applications"]] == ["other"]
 
 
 def test_conflicts_with_an_imperative_app_or_a_taken_route_are_refused():
     ours = local_app()
-    with pytest.raises(ro.RolloutError, match="deployed from Python"):
-        ro.check_conflicts({"applications": {"headroom": app_entry(ours, source="imperative")}}, ours)
-    with pytest.raises(ro.RolloutError, match="already served by application 'x'"):
-        ro.check_conflicts({"applications": {"x": app_entry(local_app(name="x"))}}, ours)
-    ro.check_conflicts({"applications": {"headroom": app_entry(ours)}}, ours)
+    with pytest.raises(RolloutError, match="deployed from Python"):
+        check_conflicts({"applications": {"headroom": app_entry(ours, source="imperative")}}, ours)
+    with pytest.raises(RolloutError, match="already served by application 'x'"):
+        check_conflicts({"applications": {"x": app_entry(local_app(name="x"))}}, ours)
+    check_conflicts({"applications": {"headroom": app_entry(ours)}}, ours)
 
 
 def test_update_kind():
@@ -356,10 +563,10 @@ def test_update_kind():
     b = local_app(args={**a["args"], "config": {**a["args"]["config"], "name": "b"}})
     scaled = copy.deepcopy(a)
     scaled["deployments"][0]["num_replicas"] = 3
-    assert ro.update_kind(None, a).startswith("new application")
-    assert ro.update_kind(a, copy.deepcopy(a)).startswith("no change")
-    assert ro.update_kind(a, b).startswith("in-place update")
-    assert ro.update_kind(a, scaled).startswith("options-only")
+    assert update_kind(None, a).startswith("new application")
+    assert update_kind(a, copy.deepcopy(a)).startswith("no change")
+    assert update_kind(a, b).startswith("in-place update")
+    assert update_kind(a, scaled).startswith("options-only")
 
 
 @pytest.mark.parametrize(
@@ -384,29 +591,27 @@ def test_assess_app(entry, expected_hash, phase, word):
     if entry is not None:
         app = local_app(args={"headroom": {"config_hash": entry["hash"]}})
         apps["headroom"] = app_entry(app, entry["status"], entry.get("replicas", ("RUNNING",)))
-    health = ro.assess_app({"applications": apps}, "headroom", expected_hash)
+    health = assess_app({"applications": apps}, "headroom", expected_hash)
     assert health.phase == phase and word in health.message, health
 
 
 def test_assess_app_absent():
-    assert ro.assess_app({"applications": {}}, "headroom", None, absent=True).phase == "ready"
+    assert assess_app({"applications": {}}, "headroom", None, absent=True).phase == "ready"
     details = {"applications": {"headroom": app_entry(local_app())}}
-    assert ro.assess_app(details, "headroom", None, absent=True).phase == "waiting"
+    assert assess_app(details, "headroom", None, absent=True).phase == "waiting"
 
 
 def test_serve_base_url():
     details = {"http_options": {"host": "0.0.0.0", "port": 8000}}
-    assert ro.serve_base_url(details, "http://head:8265", "/") == "http://head:8000"
+    assert serve_base_url(details, "http://head:8265", "/") == "http://head:8000"
     assert (
-        ro.serve_base_url({"http_options": {"host": "10.0.0.5", "port": 9}}, "http://h:1", "/v")
+        serve_base_url({"http_options": {"host": "10.0.0.5", "port": 9}}, "http://h:1", "/v")
         == "http://10.0.0.5:9/v"
     )
 
 
 def test_smoke_command_runs_the_locustfile_headless(tmp_path):
-    cmd = smoke_command(
-        "http://h:8000/x", "m", tmp_path / "raw.jsonl", ro.SmokeOptions(users=3, duration_s=7)
-    )
+    cmd = smoke_command("http://h:8000/x", "m", tmp_path / "raw.jsonl", SmokeOptions(users=3, duration_s=7))
     text = " ".join(cmd)
     assert cmd[1:3] == ["-m", "locust"] and "--headless" in cmd
     assert cmd[cmd.index("-f") + 1].endswith("loadtests/locustfile.py")
@@ -462,7 +667,7 @@ def fixed_now() -> datetime:
 
 
 def smoke_with(ttft_s: float):
-    def runner(base_url: str, model: str, raw_file: Path, opts: ro.SmokeOptions) -> dict[str, Any]:
+    def runner(base_url: str, model: str, raw_file: Path, opts: SmokeOptions) -> dict[str, Any]:
         raw_file.write_text("")
         return summarize(raw(20, ttft_s, 0.005))
 
@@ -470,7 +675,7 @@ def smoke_with(ttft_s: float):
 
 
 def run_rollout(files: list[Path], fake: FakeCluster, state: Path, ttft_s: float = 0.05, **kwargs: Any):
-    return ro.rollout(
+    return rollout(
         config_files=files,
         address="http://fake:8265",
         state=state,
@@ -500,7 +705,7 @@ def test_rollout_success_then_gate_failure_rolls_back(tmp_path):
     assert fake.deploys[-1]["applications"] == [app_a]  # the version that ran before, as the cluster had it
     assert fake.apps["svc"]["deployed_app_config"]["args"]["headroom"]["config_hash"] == a.config_hash
 
-    history = ro.read_history(state, "svc")
+    history = read_history(state, "svc")
     assert [h["outcome"] for h in history] == ["succeeded", "rolled_back"]
     assert history[1]["previous_rendered"] == a.rendered_path
     assert history[1]["smoke"]["ttft_p95_ms"] == pytest.approx(50)
@@ -523,7 +728,7 @@ def test_dry_run_reads_but_deploys_and_writes_nothing(tmp_path):
     fake = FakeCluster("http://fake:8265")
     lines: list[str] = []
     files = overlay(tmp_path, "name: svc\n")
-    result = ro.rollout(
+    result = rollout(
         config_files=files,
         address="http://fake:8265",
         dry_run=True,
@@ -545,30 +750,28 @@ class MustNotBeContacted:
     "kwargs,error,words",
     [
         ({"env": "production"}, ConfigError, ["unknown environment 'production'", "prod", "staging"]),
-        ({"env": "local", "address": "head:8265"}, ro.RolloutError, ["has no scheme"]),
-        ({"env": "local", "address": "ray://head:10001"}, ro.RolloutError, ["Ray Client address"]),
-        ({}, ro.RolloutError, ["give --env"]),
+        ({"env": "local", "address": "head:8265"}, RolloutError, ["has no scheme"]),
+        ({"env": "local", "address": "ray://head:10001"}, RolloutError, ["Ray Client address"]),
+        ({}, RolloutError, ["give --env"]),
     ],
 )
 def test_bad_inputs_fail_before_the_cluster_is_contacted(tmp_path, kwargs, error, words):
     kwargs.setdefault("address", closed_port_address())
     with pytest.raises(error) as err:
-        ro.rollout(state=tmp_path, connect=MustNotBeContacted, **kwargs)
+        rollout(state=tmp_path, connect=MustNotBeContacted, **kwargs)
     for word in words:
         assert word in str(err.value)
     assert not any(tmp_path.iterdir())
     # The real client too: had it been contacted, the error would say so instead.
     with pytest.raises(error) as err:
-        ro.rollout(state=tmp_path, **kwargs)
+        rollout(state=tmp_path, **kwargs)
     assert "cannot reach" not in str(err.value)
 
 
 def test_overlay_with_an_unknown_key_fails_before_the_cluster_is_contacted(tmp_path):
     files = overlay(tmp_path, "engine: {max_num_seq: 8}\n")
     with pytest.raises(ConfigError) as err:
-        ro.rollout(
-            config_files=files, address=closed_port_address(), state=tmp_path, connect=MustNotBeContacted
-        )
+        rollout(config_files=files, address=closed_port_address(), state=tmp_path, connect=MustNotBeContacted)
     assert "engine.max_num_seq" in str(err.value) and "max_num_seqs" in str(err.value)
 
 
@@ -577,7 +780,7 @@ def test_plan_that_does_not_fit_is_refused_before_any_deploy(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text("model: {source: meta-llama/Llama-3.1-70B-Instruct}\ndeployment: {num_replicas: 1}\n")
     with pytest.raises(ConfigError, match="plan"):
-        ro.render(config_files=[BASE, path], gpus=1)
+        render(config_files=[BASE, path], gpus=1)
     # GPU config on a live cluster of one 1-GPU node: the cluster is read (GPUs), never deployed to.
     fake = FakeCluster("http://fake:8265", gpus=[1])
     with pytest.raises(ConfigError) as err:
@@ -587,28 +790,28 @@ def test_plan_that_does_not_fit_is_refused_before_any_deploy(tmp_path):
     # prod's autoscaling floor (2 replicas) on one GPU.
     fake = FakeCluster("http://fake:8265", gpus=[1])
     with pytest.raises(ConfigError, match="min_replicas \\(2\\) needs 2 GPUs"):
-        ro.rollout(env="prod", address="http://fake:8265", state=tmp_path, connect=lambda url: fake)
+        rollout(env="prod", address="http://fake:8265", state=tmp_path, connect=lambda url: fake)
     assert "deploy" not in fake.calls
 
 
 def test_gpu_config_on_a_cluster_without_gpus_is_refused(tmp_path):
     fake = FakeCluster("http://fake:8265", gpus=[0, 0])
     with pytest.raises(ConfigError, match="no GPU nodes"):
-        ro.rollout(env="staging", address="http://fake:8265", state=tmp_path, connect=lambda url: fake)
+        rollout(env="staging", address="http://fake:8265", state=tmp_path, connect=lambda url: fake)
     assert "deploy" not in fake.calls
 
 
 def test_unreachable_cluster_fails_before_anything_is_deployed_or_written(tmp_path):
     address = closed_port_address()
-    with pytest.raises(ro.RolloutError, match=f"cannot reach the Ray dashboard at {address}"):
-        ro.rollout(env="local", address=address, state=tmp_path / "state")
+    with pytest.raises(RolloutError, match=f"cannot reach the Ray dashboard at {address}"):
+        rollout(env="local", address=address, state=tmp_path / "state")
     assert not (tmp_path / "state").exists()
 
 
 def test_conflicting_app_fails_before_any_deploy(tmp_path):
-    ours = ro.render(config_files=overlay(tmp_path, "name: svc\n"))["applications"][0]
+    ours = render(config_files=overlay(tmp_path, "name: svc\n"))["applications"][0]
     fake = FakeCluster("http://fake:8265", apps={"svc": app_entry(ours, source="imperative")})
-    with pytest.raises(ro.RolloutError, match="deployed from Python"):
+    with pytest.raises(RolloutError, match="deployed from Python"):
         run_rollout(overlay(tmp_path, "name: svc\n"), fake, tmp_path / "state")
     assert "deploy" not in fake.calls
 
