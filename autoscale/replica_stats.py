@@ -38,8 +38,9 @@ _FLOOR_EWMA = 0.1
 class EngineStats:
     """The engine's latest scheduler state plus counters since the replica started, updated every step.
 
-    Live, the engine's stat logger calls :meth:`record_step` once per engine step (vLLM's SchedulerStats
-    and IterationStats); the simulator keeps the same counters itself.
+    Live, the engine's stat logger calls :meth:`record_step` for every engine step (vLLM's IterationStats)
+    and :meth:`record_scheduler` whenever the scheduler reports (SchedulerStats); the simulator keeps the
+    same counters itself.
     """
 
     num_running: int = 0
@@ -55,19 +56,9 @@ class EngineStats:
     """Mean duration of light decode-only steps (<= LIGHT_DECODE_BATCH sequences), an EWMA; -1 unknown."""
     last_step_s: float | None = None
 
-    def record_step(
-        self,
-        now_s: float,
-        *,
-        num_running: int,
-        num_waiting: int,
-        kv_cache_usage: float,
-        prompt_tokens: int,
-        generation_tokens: int,
-        finished: int,
-    ) -> None:
-        """One engine step that ended at ``now_s``. The gap since the previous step counts as busy time
-        only if requests were running then (an idle engine takes no steps)."""
+    def record_step(self, now_s: float, *, prompt_tokens: int, generation_tokens: int, finished: int) -> None:
+        """One engine step whose outputs arrived at ``now_s``. The gap since the previous step counts as
+        busy time only if requests were running then (an idle engine takes no steps)."""
         if self.last_step_s is not None and self.num_running > 0:
             gap_s = max(0.0, now_s - self.last_step_s)
             self.busy_s += gap_s
@@ -78,6 +69,9 @@ class EngineStats:
         self.prompt_tokens += prompt_tokens
         self.generation_tokens += generation_tokens
         self.finished += finished
+
+    def record_scheduler(self, *, num_running: int, num_waiting: int, kv_cache_usage: float) -> None:
+        """The scheduler's state after a step (vLLM also sends it without a step, e.g. once idle)."""
         self.num_running, self.num_waiting, self.kv_cache_usage = num_running, num_waiting, kv_cache_usage
 
     def observe_decode_floor(self, step_ms: float) -> None:

@@ -54,6 +54,27 @@ def _traces(summary: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _tuning(tuning: Mapping[str, Any]) -> list[str]:
+    """The chosen configuration of each family and the best attainment any of its configurations reached."""
+    lines = [
+        "## Tuning (tuning traces: seeds 1-2, never judged)",
+        "",
+        f"`{tuning['command']}`: {len(tuning['ranked']['headroom'])} headroom and "
+        f"{len(tuning['ranked']['ray'])} Ray configurations, one objective for both (trace kinds with 99% of "
+        "requests under the target, then mean replica-hours against the static 99% fleet).",
+        "",
+    ]
+    for family, rows in tuning["ranked"].items():
+        kinds = rows[0]["attainment"]
+        best = {k: max(r["attainment"][k] for r in rows) for k in kinds}
+        chosen = rows[0]
+        lines.append(
+            f"- {family}: chosen `{chosen['settings']}`: attainment {chosen['attainment']}, cost ratio "
+            f"{chosen['cost_ratio']}; the best any {family} configuration reached: {best}"
+        )
+    return [*lines, ""]
+
+
 def write_report(payload: Mapping[str, Any], path: Path) -> None:
     dep = payload["deployment"]
     checks = payload["checks"]
@@ -88,8 +109,9 @@ def write_report(payload: Mapping[str, Any], path: Path) -> None:
         "",
         *[f"- **{mark[c['passed']]}** {c['trace']}: {c['name']}: {c['detail']}" for c in checks],
         "",
-        f"Headroom settings the tuning chose: `{payload['tuned_headroom_settings']}`; judged settings: "
-        f"`{dep['autoscaling']}`.",
+        *_tuning(payload["tuning"]),
+        f"Judged settings (configs/prod.yaml, max_replicas raised to the {dep['replicas_that_fit']} the plan "
+        f"fits on its cluster): `{payload['judged_settings']}`.",
         "",
     ]
     path.write_text("\n".join(lines))

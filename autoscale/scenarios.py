@@ -2,7 +2,8 @@
 
 Every synthetic trace is an hour long, its level drawn from the seed so the smallest static fleet that
 keeps 99% of requests under a 1000 ms TTFT target has roughly 8-12 replicas (one simulated H200 replica
-serves about 16 requests/s of the default length mix before its sequence slots fill). Drawing the level
+with the plan's 256 sequence slots serves about 21 requests/s of the default length mix before its steps
+saturate). Drawing the level
 per seed keeps one lucky rate (a load that happens to fit a whole number of replicas) from deciding a
 cost ratio.
 
@@ -52,11 +53,11 @@ SYNTHETIC_KINDS = ("constant", "step", "diurnal", "bursty")
 PRODUCTION_FORMAT = "synthetic-production-format"
 TUNING_SEEDS = (1, 2)
 JUDGING_SEEDS = tuple(range(101, 111))
-PEAK_RPS_RANGE = (135.0, 185.0)
+PEAK_RPS_RANGE = (170.0, 235.0)
 """Peak arrival rates the synthetic traces draw from (static 99% fleets of about 8-12 replicas)."""
-PRODUCTION_RATE_SCALE = 6.5
+PRODUCTION_RATE_SCALE = 8.5
 """Scales the production-format CSV (6.9 requests/s on average, 23 in its busiest minute) so that its
-busiest minute, about 150 requests/s, needs a static fleet of about the synthetic traces' size."""
+busiest minute, about 200 requests/s, needs a static fleet of about the synthetic traces' size."""
 PRODUCTION_CSV = Path(__file__).resolve().parent / "data" / "synthetic_production_format.csv"
 
 

@@ -22,7 +22,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +45,13 @@ from autoscale.scenarios import SYNTHETIC_KINDS, TUNING_SEEDS, TraceSpec
 __all__ = ["HEADROOM_GRID", "RAY_GRID", "main", "score"]
 
 HEADROOM_GRID: Mapping[str, Sequence[Any]] = {
-    "target_slot_utilization": (0.8, 0.85, 0.9),
+    "target_engine_utilization": (0.7, 0.8, 0.85, 0.9),
+    "target_slot_utilization": (0.8, 0.9),
     "trend_window_s": (60.0, 120.0),
-    "trend_min_t_stat": (2.0, 3.0),
     "downscale_sustain_s": (300.0, 600.0),
 }
 RAY_GRID: Mapping[str, Sequence[Any]] = {
-    "target_ongoing_requests": (45.0, 55.0, 65.0, 75.0),
+    "target_ongoing_requests": (40.0, 60.0, 80.0, 100.0, 130.0, 160.0),
     "upscale_delay_s": (0.0, 30.0),
     "downscale_delay_s": (120.0, 300.0, 600.0),
     "downscaling_factor": (0.3, 1.0),
@@ -95,10 +95,16 @@ def score(records: Sequence[Mapping[str, Any]], static_hours: Mapping[str, float
     }
 
 
-def _key(task: Task) -> str:
-    return json.dumps(
-        [asdict(task.trace), task.policy.kind, task.policy.name, repr(task.policy)], sort_keys=True
-    )
+def _key(task: Task, dep: Deployment) -> str:
+    """A run's identity: the deployment, the trace and what the policy does (not its name, its grid
+    index), so a run cached for another plan or calibration is never reused."""
+    deployment = [
+        dep.settings.model_dump(mode="json"),
+        asdict(dep.limits),
+        asdict(dep.cost),
+        dep.ttft_target_ms,
+    ]
+    return json.dumps([deployment, asdict(task.trace), repr(replace(task.policy, name=""))], sort_keys=True)
 
 
 def _cached_runs(path: Path, tasks: Sequence[Task], dep: Deployment, jobs: int) -> list[dict[str, Any]]:
@@ -107,7 +113,7 @@ def _cached_runs(path: Path, tasks: Sequence[Task], dep: Deployment, jobs: int) 
         for line in path.read_text().splitlines():
             row = json.loads(line)
             done[row["key"]] = row["record"]
-    todo = [t for t in tasks if _key(t) not in done]
+    todo = [t for t in tasks if _key(t, dep) not in done]
     started = time.perf_counter()
 
     def progress(i: int, n: int) -> None:
@@ -118,9 +124,9 @@ def _cached_runs(path: Path, tasks: Sequence[Task], dep: Deployment, jobs: int) 
         chunk = todo[chunk_start : chunk_start + 40]
         with open(path, "a") as f:
             for task, rec in zip(chunk, run_tasks(run_task, chunk, dep, jobs, progress), strict=True):
-                done[_key(task)] = rec
-                f.write(json.dumps({"key": _key(task), "record": rec}) + "\n")
-    return [done[_key(t)] for t in tasks]
+                done[_key(task, dep)] = rec
+                f.write(json.dumps({"key": _key(task, dep), "record": rec}) + "\n")
+    return [done[_key(t, dep)] for t in tasks]
 
 
 def _best(

@@ -112,17 +112,21 @@ def engine_stats_logger(stats: EngineStats) -> type[StatLoggerBase]:
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            if scheduler_stats is None or iteration_stats is None:
-                return
-            stats.record_step(
-                iteration_stats.iteration_timestamp,
-                num_running=scheduler_stats.num_running_reqs,
-                num_waiting=scheduler_stats.num_waiting_reqs,
-                kv_cache_usage=scheduler_stats.kv_cache_usage,
-                prompt_tokens=iteration_stats.num_prompt_tokens,
-                generation_tokens=iteration_stats.num_generation_tokens,
-                finished=len(iteration_stats.finished_requests),
-            )
+            # vLLM sends the scheduler's state also without a step (iteration_stats None), e.g. the
+            # zero running requests once the engine is idle.
+            if iteration_stats is not None:
+                stats.record_step(
+                    iteration_stats.iteration_timestamp,
+                    prompt_tokens=iteration_stats.num_prompt_tokens,
+                    generation_tokens=iteration_stats.num_generation_tokens,
+                    finished=len(iteration_stats.finished_requests),
+                )
+            if scheduler_stats is not None:
+                stats.record_scheduler(
+                    num_running=scheduler_stats.num_running_reqs,
+                    num_waiting=scheduler_stats.num_waiting_reqs,
+                    kv_cache_usage=scheduler_stats.kv_cache_usage,
+                )
 
         def log_engine_initialized(self):
             pass

@@ -55,23 +55,19 @@ def test_young_replica_rate_counts_the_whole_window() -> None:
     assert w.report(now_s=1010)[keys.ARRIVAL_RATE_RPS] == 5 / 10
 
 
+def step(e: EngineStats, t: float, running: int, prompt: int, generated: int, finished: int = 0) -> None:
+    """What the engine's stat logger does for one engine step: the step, then the scheduler's state."""
+    e.record_step(t, prompt_tokens=prompt, generation_tokens=generated, finished=finished)
+    e.record_scheduler(num_running=running, num_waiting=1, kv_cache_usage=0.25)
+
+
 def test_engine_steps_become_rates_over_the_window() -> None:
     w = ReplicaStatsWindow(window_s=10)
-    e = w.engine
     assert w.report(now_s=0.0)[keys.FINISHED_RPS] == -1  # no earlier counters: unknown
     t = 0.0
-    for step in range(1000):  # 10 ms steps: a prefill step every tenth, light decode steps otherwise
+    for i in range(1000):  # 10 ms steps: a prefill step every tenth, light decode steps otherwise
         t += 0.01
-        prefill = 500 if step % 10 == 0 else 0
-        e.record_step(
-            t,
-            num_running=3,
-            num_waiting=1,
-            kv_cache_usage=0.25,
-            prompt_tokens=prefill,
-            generation_tokens=3,
-            finished=1 if step % 5 == 0 else 0,
-        )
+        step(w.engine, t, running=3, prompt=500 if i % 10 == 0 else 0, generated=3, finished=int(i % 5 == 0))
     report = w.report(now_s=t)
     assert report[keys.ENGINE_STEPS_PER_S] == pytest.approx(100.0, rel=0.01)
     assert report[keys.ENGINE_BUSY_FRACTION] == pytest.approx(1.0, rel=0.01)
@@ -81,18 +77,14 @@ def test_engine_steps_become_rates_over_the_window() -> None:
     assert (report[keys.NUM_REQUESTS_RUNNING], report[keys.NUM_REQUESTS_WAITING]) == (3, 1)
 
 
-def test_idle_gaps_are_not_busy_time() -> None:
+def test_idle_gaps_are_not_busy_time_and_idle_is_reported() -> None:
     e = EngineStats()
-    e.record_step(
-        1.0, num_running=1, num_waiting=0, kv_cache_usage=0, prompt_tokens=10, generation_tokens=1, finished=0
-    )
-    e.record_step(
-        1.01, num_running=0, num_waiting=0, kv_cache_usage=0, prompt_tokens=0, generation_tokens=1, finished=1
-    )
-    e.record_step(
-        5.0, num_running=1, num_waiting=0, kv_cache_usage=0, prompt_tokens=10, generation_tokens=1, finished=0
-    )
+    step(e, 1.0, running=1, prompt=10, generated=1)
+    step(e, 1.01, running=1, prompt=0, generated=1, finished=1)
+    e.record_scheduler(num_running=0, num_waiting=0, kv_cache_usage=0.0)  # vLLM's update without a step
+    step(e, 5.0, running=1, prompt=10, generated=1)
     assert e.busy_s == pytest.approx(0.01)
+    assert e.steps == 3
 
 
 # --------------------------------------------------------------------------------------------------------
