@@ -193,7 +193,7 @@ def test_prod_policy_kwargs_build_the_policy() -> None:
     auto = prod_autoscaling()
     kwargs = auto["policy"]["policy_kwargs"]
     assert (
-        kwargs["ttft_target_ms"] == 1000 and kwargs["max_num_seqs"] == 96 and kwargs["capacity_seed"] is None
+        kwargs["ttft_target_ms"] == 1000 and kwargs["max_num_seqs"] == 256 and kwargs["capacity_seed"] is None
     )
     p = TTFTHeadroomPolicy(**json.loads(json.dumps(kwargs)))  # as Ray stores them
     assert p.config.settings.min_replicas == auto["min_replicas"]
