@@ -41,8 +41,11 @@ __all__ = [
 
 MIN_FINISHED_PER_ESTIMATE = 20
 """Finished requests a report window needs before its engine counters replace the estimate."""
-_SMOOTHING = 0.3
-"""Weight of a new window's measurement against the running estimate (the windows overlap)."""
+_SMOOTHING = 0.1
+"""Weight of a new window's measurement against the running estimate: a window's mix of prompt and output
+lengths varies by a few percent, which must not move the fleet across its scale-down margin."""
+_STEADY_TOLERANCE = 0.3
+"""A window is measured only if its finished requests are within this share of its arrivals."""
 _MIN_WORK_FRACTION = 0.05
 """Work per request is floored at this share of its observed step-time total (a too-high step_ms)."""
 
@@ -121,6 +124,8 @@ class FleetEngineRates:
     """The serving replicas' engine rates over the report window, summed (per second)."""
 
     finished_rps: float
+    arrival_rps: float | None
+    """Requests arriving per second over the same window (None: unknown)."""
     steps_per_s: float
     busy_replicas: float
     """Sum of busy fractions: how many replicas' worth of engine time was spent in steps."""
@@ -136,10 +141,13 @@ def estimate_service(
     seed: ServiceEstimate | None,
 ) -> ServiceEstimate | None:
     """The measured estimate after one more report: from this window's counters when it finished enough
-    requests (smoothed with the previous measurement), else the previous one (None: none yet). The seed
-    only lends its step time while no replica has timed a light decode step."""
+    requests and about as many as arrived (steady state; smoothed with the previous measurement), else
+    the previous one (None: none yet). The seed only lends its step time while no replica has timed a
+    light decode step."""
     if rates is None or rates.finished_rps * window_s < MIN_FINISHED_PER_ESTIMATE:
         return previous
+    if rates.arrival_rps and abs(rates.finished_rps / rates.arrival_rps - 1.0) > _STEADY_TOLERANCE:
+        return previous  # filling up or draining: busy time belongs to requests not counted as finished
     known = previous if previous is not None else seed
     if rates.decode_step_floor_ms is not None:
         step_ms = rates.decode_step_floor_ms

@@ -62,7 +62,9 @@ class PolicyConfig:
     @property
     def history_s(self) -> float:
         """How much arrival-rate history the state keeps."""
-        return max(self.settings.trend_window_s, self.settings.downscale_sustain_s)
+        s = self.settings
+        surge_s = s.surge_lookback_s + 2 * s.replica_startup_s if s.surge_lookback_s > 0 else 0.0
+        return max(s.trend_window_s, s.downscale_sustain_s, surge_s)
 
     def replica_seconds_per_request(self, est: ServiceEstimate) -> float:
         s = self.settings
@@ -155,6 +157,7 @@ class MetricsSnapshot:
         floors = [r.decode_step_floor_ms for r in reps if r.decode_step_floor_ms is not None]
         return FleetEngineRates(
             finished_rps=sum(r.finished_rps or 0.0 for r in reps),
+            arrival_rps=self.arrival_rate_rps,
             steps_per_s=sum(r.engine_steps_per_s or 0.0 for r in reps),
             busy_replicas=sum(r.engine_busy_fraction or 0.0 for r in reps),
             generation_tokens_per_s=sum(r.generation_tokens_per_s or 0.0 for r in reps),

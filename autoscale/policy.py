@@ -16,7 +16,9 @@ Needs, each a replica count (the scale-up takes the largest, capped by ``max_ste
 
 * demand: the arrival rate projected ``replica_startup_s`` ahead along a significant rising trend, times
   the replica-seconds one request needs (autoscale/capacity.py: learned from the replicas' engine counters,
-  or a ladder seed until then), plus ``spare_replicas`` while that trend lasts.
+  or a ladder seed until then), times one plus the surge headroom (the largest rise of the arrival rate
+  over one start-up seen in the last ``surge_lookback_s``: what a surge like it would need before new
+  replicas serve), plus ``spare_replicas`` while that trend lasts.
 * queueing: requests in flight (engine running + waiting, queued at the router) over the planned share of
   the engine's ``max_num_seqs`` slots.
 * TTFT: serving replicas scaled by TTFT p95 over the scale-up threshold (at most 2x): the fallback when
@@ -39,7 +41,7 @@ from typing import Any, Literal
 
 from autoscale.capacity import ServiceEstimate, estimate_service
 from autoscale.inputs import MetricsSnapshot, PolicyConfig
-from autoscale.signals import Signals, fleet_ttft_p95, measure, rate_history, watched_s
+from autoscale.signals import Signals, fleet_ttft_p95, measure, rate_history, surge_headroom, watched_s
 
 __all__ = ["Action", "Decision", "Outcome", "PolicyState", "ReasonCode", "ScaleUpInProgress", "decide"]
 
@@ -93,6 +95,8 @@ class PolicyState:
     """(now_s, arrival_rate_rps) pairs covering the last ``config.history_s`` seconds."""
     service: ServiceEstimate | None = None
     """The per-request engine cost measured from the replicas' counters (None until measured)."""
+    surge: float = 0.0
+    """Share of demand kept in hand for surges, updated with each new report."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict, e.g. for Ray's ``ctx.policy_state``."""
@@ -103,6 +107,7 @@ class PolicyState:
             "in_progress": None if ip is None else [ip.started_at_s, ip.from_replicas, ip.to_replicas],
             "rate_history": [[t, r] for t, r in self.rate_history],
             "service": None if self.service is None else self.service.to_dict(),
+            "surge": self.surge,
         }
 
     @classmethod
@@ -118,6 +123,7 @@ class PolicyState:
             in_progress=None if not ip else ScaleUpInProgress(float(ip[0]), int(ip[1]), int(ip[2])),
             rate_history=tuple((float(t), float(r)) for t, r in data.get("rate_history", ())),
             service=None if not service else ServiceEstimate.from_dict(service),
+            surge=float(data.get("surge", 0.0)),
         )
 
 
@@ -390,7 +396,9 @@ def _observe(snapshot: MetricsSnapshot, state: PolicyState, config: PolicyConfig
     service = estimate_service(
         snapshot.engine_rates(), snapshot.window_s, state.service, config.capacity_seed
     )
-    return replace(state, rate_history=history, service=service)
+    # The surge headroom changes only with a new report, so it is measured then and kept.
+    surge = state.surge if history is state.rate_history else surge_headroom(history, snapshot.now_s, config)
+    return replace(state, rate_history=history, service=service, surge=surge)
 
 
 def decide(snapshot: MetricsSnapshot, state: PolicyState, config: PolicyConfig) -> Outcome:
@@ -406,7 +414,8 @@ def decide(snapshot: MetricsSnapshot, state: PolicyState, config: PolicyConfig) 
             return outcome
     state = _observe(snapshot, state, config)
     service = state.service if state.service is not None else config.capacity_seed
-    ctx = _Context(snapshot, state, config, measure(snapshot, state.rate_history, service, config))
+    sig = measure(snapshot, state.rate_history, service, state.surge, config)
+    ctx = _Context(snapshot, state, config, sig)
     for step in _SIZING:
         if (outcome := step(ctx)) is not None:
             return outcome

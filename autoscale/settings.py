@@ -194,13 +194,31 @@ class AutoscalingSettings(BaseModel):
         description="Seconds of arrival-rate history the trend (rps per second) is fitted over.",
     )
     trend_min_t_stat: float = Field(
-        default=3.0,
+        default=4.0,
         ge=0,
         le=100,
         description=(
             "A rising trend is projected replica_startup_s ahead only if its slope is at least this many "
             "standard errors above zero, so Poisson noise on a steady load is not extrapolated."
         ),
+    )
+    surge_lookback_s: float = Field(
+        default=1800,
+        ge=0,
+        le=86400,
+        description=(
+            "Seconds of arrival history in which the policy looks for the largest rise of the arrival "
+            "rate over one replica_startup_s (the rate of a start-up's length against the one before); "
+            "it keeps that share of the demand in hand, because a surge like it would arrive before new "
+            "replicas serve. Steady load rises by noise only and keeps little; bursty load keeps a lot. "
+            "0 turns it off."
+        ),
+    )
+    max_surge_headroom: float = Field(
+        default=1.0,
+        ge=0,
+        le=10,
+        description="Most capacity kept in hand for surges, as a share of the demand (1: twice the demand).",
     )
     kv_cache_high_usage: float = Field(
         default=0.9,

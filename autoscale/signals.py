@@ -5,6 +5,7 @@ Pure: arithmetic on the snapshot; autoscale/policy.py decides from the result.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from autoscale.capacity import ServiceEstimate
 from autoscale.inputs import MetricsSnapshot, PolicyConfig, ReplicaMetrics
 
-__all__ = ["Signals", "fleet_ttft_p95", "measure", "rate_history", "watched_s"]
+__all__ = ["Signals", "fleet_ttft_p95", "measure", "rate_history", "surge_headroom", "watched_s"]
 
 _TTFT_MAX_FACTOR = 2.0
 """A TTFT-driven scale-up at most doubles the serving replicas in one decision (then ``max_step_up``)."""
@@ -32,7 +33,10 @@ class Signals:
     startup_s: float
     service: ServiceEstimate | None
     replica_s_per_request: float | None
-    """Replica-seconds one request needs at the target utilizations; None when no capacity is known."""
+    """Replica-seconds one request needs at the target utilizations, surge headroom included; None when
+    no capacity is known."""
+    surge: float
+    """Share of the demand kept in hand for a surge."""
     planned_sequences: float
     rising: bool
     """Arrivals grow along a significant trend (the spare replicas apply only then)."""
@@ -62,6 +66,7 @@ class Signals:
             "capacity_source": None if svc is None else svc.source,
             "step_ms": None if svc is None else round(svc.step_ms, 3),
             "work_ms_per_request": None if svc is None else round(svc.work_ms_per_request, 3),
+            "surge_headroom": round(self.surge, 3),
             "need_demand": self.need_demand,
             "need_queue": self.need_queue,
             "need_ttft": self.need_ttft,
@@ -84,7 +89,7 @@ class Signals:
             if self.replica_s_per_request is not None and self.service is not None:
                 text += (
                     f" (needs {self.need_demand} at {1 / self.replica_s_per_request:.1f} rps each, "
-                    f"capacity {self.service.source})"
+                    f"{self.surge:.0%} kept for surges, capacity {self.service.source})"
                 )
             parts.append(text)
         parts.append(
@@ -124,6 +129,33 @@ def rate_history(
     keep_from = snapshot.taken_at_s - keep_s - 1e-9
     kept = tuple(p for p in history if p[0] >= keep_from)
     return (*kept, (snapshot.taken_at_s, float(snapshot.arrival_rate_rps)))
+
+
+def surge_headroom(history: Sequence[tuple[float, float]], now_s: float, cfg: PolicyConfig) -> float:
+    """The largest relative rise of the arrival rate from one replica_startup_s to the next, over the
+    last surge_lookback_s, capped at max_surge_headroom: the share of demand kept in hand for a surge
+    like it. Means over whole start-up lengths keep Poisson noise small."""
+    s = cfg.settings
+    span_s = s.replica_startup_s
+    if s.surge_lookback_s <= 0 or len(history) < 3:
+        return 0.0
+    times = [t for t, _ in history]
+    sums = [0.0]
+    for _, r in history:
+        sums.append(sums[-1] + r)
+
+    def mean(lo_s: float, hi_s: float) -> float | None:
+        i, j = bisect.bisect_right(times, lo_s), bisect.bisect_right(times, hi_s)
+        return (sums[j] - sums[i]) / (j - i) if j > i else None
+
+    best = 0.0
+    for t in times:
+        if t < now_s - s.surge_lookback_s or t - 2 * span_s < times[0]:
+            continue
+        after, before = mean(t - span_s, t), mean(t - 2 * span_s, t - span_s)
+        if after is not None and before:
+            best = max(best, after / before - 1.0)
+    return min(best, s.max_surge_headroom)
 
 
 def watched_s(history: Sequence[tuple[float, float]], now_s: float) -> float:
@@ -190,9 +222,11 @@ def measure(
     snapshot: MetricsSnapshot,
     history: Sequence[tuple[float, float]],
     service: ServiceEstimate | None,
+    surge: float,
     cfg: PolicyConfig,
 ) -> Signals:
-    """Every signal of one decision, and the replica count each one asks for."""
+    """Every signal of one decision, and the replica count each one asks for; ``surge`` is the share of
+    demand kept in hand (:func:`surge_headroom`)."""
     s, reps = cfg.settings, snapshot.replicas
     in_flight = _in_flight(snapshot)
     p95 = fleet_ttft_p95(reps)
@@ -201,7 +235,7 @@ def measure(
         p95 = 0.0  # idle: no request had a first token in the window because none came; full headroom
     slope = _trend(history, snapshot.now_s, snapshot.window_s, cfg) if rate is not None else 0.0
     projected = 0.0 if rate is None else rate + slope * s.replica_startup_s
-    per_request_s = None if service is None else cfg.replica_seconds_per_request(service)
+    per_request_s = None if service is None else cfg.replica_seconds_per_request(service) * (1.0 + surge)
     rising = rate is not None and slope > 0
     need_demand = 0
     if per_request_s is not None and projected > 0:
@@ -224,6 +258,7 @@ def measure(
         startup_s=s.replica_startup_s,
         service=service,
         replica_s_per_request=per_request_s,
+        surge=surge,
         planned_sequences=cfg.planned_sequences_per_replica,
         rising=rising,
         need_demand=need_demand,

@@ -45,15 +45,15 @@ from autoscale.scenarios import SYNTHETIC_KINDS, TUNING_SEEDS, TraceSpec
 __all__ = ["HEADROOM_GRID", "RAY_GRID", "main", "score"]
 
 HEADROOM_GRID: Mapping[str, Sequence[Any]] = {
-    "target_engine_utilization": (0.7, 0.8, 0.85, 0.9),
-    "target_slot_utilization": (0.8, 0.9),
+    "target_engine_utilization": (0.7, 0.8, 0.9),
+    "surge_lookback_s": (0.0, 1800.0, 3600.0),
     "trend_window_s": (60.0, 120.0),
     "downscale_sustain_s": (300.0, 600.0),
 }
 RAY_GRID: Mapping[str, Sequence[Any]] = {
-    "target_ongoing_requests": (40.0, 60.0, 80.0, 100.0, 130.0, 160.0),
+    "target_ongoing_requests": (20.0, 30.0, 40.0, 60.0, 80.0, 120.0),
     "upscale_delay_s": (0.0, 30.0),
-    "downscale_delay_s": (120.0, 300.0, 600.0),
+    "downscale_delay_s": (120.0, 600.0),
     "downscaling_factor": (0.3, 1.0),
 }
 
@@ -98,12 +98,16 @@ def score(records: Sequence[Mapping[str, Any]], static_hours: Mapping[str, float
 def _key(task: Task, dep: Deployment) -> str:
     """A run's identity: the deployment, the trace and what the policy does (not its name, its grid
     index), so a run cached for another plan or calibration is never reused."""
-    deployment = [
-        dep.settings.model_dump(mode="json"),
+    s = dep.settings
+    deployment: list[Any] = [
         asdict(dep.limits),
         asdict(dep.cost),
         dep.ttft_target_ms,
+        s.replica_startup_s,
+        s.window_s,
     ]
+    if task.policy.kind == "headroom":  # Ray's runs read none of headroom's settings
+        deployment.append(s.model_dump(mode="json"))
     return json.dumps([deployment, asdict(task.trace), repr(replace(task.policy, name=""))], sort_keys=True)
 
 

@@ -313,6 +313,13 @@ def test_capacity_is_learned_from_engine_counters_and_replaces_the_seed() -> Non
     assert decision.details["need_demand"] == 3
 
 
+def test_windows_that_fill_up_or_drain_are_not_measured() -> None:
+    """Right after a start the replicas are busy with requests that have not finished yet."""
+    filling = snapshot(rate=400.0, replicas=tuple(counting_replica(i) for i in range(4)))  # 200 finish
+    _, state = decide(filling, PolicyState(), config())
+    assert state.service is None
+
+
 def test_without_seed_or_counters_demand_is_unknown() -> None:
     decision, state = decide(snapshot(rate=400.0), PolicyState(), config(seed=None))
     assert state.service is None
@@ -346,6 +353,37 @@ def test_rising_trend_scales_up_ahead_of_the_load() -> None:
     assert up and up[0].code == "scale_up_demand"
     # Projected 90 s ahead: more than the current rate alone needs.
     assert up[0].details["projected_rate_rps"] > up[0].details["arrival_rate_rps"]
+
+
+def history(rates: list[float], until_s: float = 1000.0) -> tuple[tuple[float, float], ...]:
+    """One rate per 10 s, the last at until_s."""
+    n = len(rates)
+    return tuple((until_s - 10.0 * (n - 1 - i), r) for i, r in enumerate(rates))
+
+
+@pytest.mark.parametrize(
+    ("rates", "surge"),
+    [
+        ([100.0] * 60, 0.0),  # steady
+        ([100.0] * 30 + [150.0] * 30, 0.5),  # a rise by half from one 90 s start-up to the next
+        ([100.0] * 30 + [400.0] * 30, 1.0),  # capped at max_surge_headroom
+        ([100.0] * 30 + [50.0] * 30, 0.0),  # falls are not surges
+    ],
+)
+def test_surge_headroom_is_the_largest_rise_over_a_startup(rates: list[float], surge: float) -> None:
+    _, state = decide(
+        snapshot(rate=rates[-1]), PolicyState(rate_history=history(rates[:-1], 990.0)), config()
+    )
+    assert state.surge == pytest.approx(surge)
+
+
+def test_surge_headroom_sizes_demand_and_is_off_at_zero_lookback() -> None:
+    rising = PolicyState(rate_history=history([100.0] * 30 + [150.0] * 29, 990.0))
+    decision, _ = decide(snapshot(rate=150.0), rising, config())
+    # 150 rps x 0.015 s x (1 + 0.5) = 3.4: 4 replicas
+    assert (decision.details["surge_headroom"], decision.details["need_demand"]) == (0.5, 4)
+    decision, _ = decide(snapshot(rate=150.0), rising, config(surge_lookback_s=0.0))
+    assert (decision.details["surge_headroom"], decision.details["need_demand"]) == (0.0, 3)
 
 
 def test_noise_on_a_steady_rate_is_not_a_trend() -> None:
@@ -383,7 +421,12 @@ def test_decide_is_pure() -> None:
 
 def test_state_round_trips_through_a_dict() -> None:
     _, st = decide(
-        snapshot(rate=400.0, replicas=tuple(counting_replica(i) for i in range(4))), PolicyState(), config()
+        snapshot(
+            rate=200.0,
+            replicas=tuple(dataclasses.replace(counting_replica(i), ttft_p95_ms=450.0) for i in range(4)),
+        ),
+        PolicyState(),
+        config(),
     )
     assert st.in_progress is not None and st.service is not None and st.rate_history
     assert PolicyState.from_dict(st.to_dict()) == st
