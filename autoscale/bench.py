@@ -36,9 +36,11 @@ from typing import Any
 from autoscale.experiment import (
     ATTAINMENT_TARGET,
     DEFAULT_DEPLOYMENT,
+    STEADY_KINDS,
     Deployment,
     PolicySpec,
     Task,
+    cost_limit,
     default_jobs,
     load_deployment,
     pooled,
@@ -52,8 +54,6 @@ from autoscale.scenarios import JUDGING_SEEDS, PRODUCTION_FORMAT, SYNTHETIC_KIND
 
 __all__ = ["Check", "check_targets", "main"]
 
-PEAKY = 1.5
-"""Traces whose peak minute is at least this times their mean get the 0.85x cost target."""
 SEED_FACTORS = (0.5, 1.0, 2.0)
 SEED_VARIANT_SEEDS = JUDGING_SEEDS[:5]
 """The seeded variants are reported, not judged: five seeds show them."""
@@ -154,7 +154,7 @@ def check_targets(summary: Mapping[str, Mapping[str, Any]]) -> list[Check]:
                 f"{ours['seeds_below_target']} of {ours['seeds']} below 99%)",
             )
         )
-        limit = 1.05 if kind == "constant" else 0.85 if peak >= PEAKY else None
+        limit = cost_limit(kind, peak)
         ratio = ours["cost_ratio"]
         spread = f"seeds {ours['cost_ratio_min']:.2f}-{ours['cost_ratio_max']:.2f}x"
         detail = f"{ratio:.3f}x the static 99% fleet ({spread}), peak/mean {peak:.2f}"
@@ -172,7 +172,7 @@ def check_targets(summary: Mapping[str, Mapping[str, Any]]) -> list[Check]:
                 f"{ours['replica_hours']:.1f} vs {ray['replica_hours']:.1f} replica-h",
             )
         )
-        if kind in ("constant", "diurnal"):
+        if kind in STEADY_KINDS:
             worst = ours["max_direction_changes_per_10min"]
             checks.append(
                 Check(

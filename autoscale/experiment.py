@@ -40,6 +40,19 @@ from autoscale.workload import RequestTrace
 __all__ = ["Deployment", "PolicySpec", "Task", "load_deployment", "run_tasks", "smallest_static"]
 
 ATTAINMENT_TARGET = 0.99
+PEAKY = 1.5
+"""Traces whose peak minute is at least this times their mean get the 0.85x cost target."""
+STEADY_KINDS = ("constant", "diurnal")
+"""Trace kinds on which at most one direction change per 10 minutes is allowed."""
+
+
+def cost_limit(kind: str, peak_to_mean: float) -> float | None:
+    """The most replica-hours against the static 99% fleet a trace allows; None: no cost target."""
+    if kind == "constant":
+        return 1.05
+    return 0.85 if peak_to_mean >= PEAKY else None
+
+
 DEFAULT_DEPLOYMENT = Path("results/autoscale/deployment.json")
 
 

@@ -60,8 +60,9 @@ def _tuning(tuning: Mapping[str, Any]) -> list[str]:
         "## Tuning (tuning traces: seeds 1-2, never judged)",
         "",
         f"`{tuning['command']}`: {len(tuning['ranked']['headroom'])} headroom and "
-        f"{len(tuning['ranked']['ray'])} Ray configurations, one objective for both (trace kinds with 99% of "
-        "requests under the target, then mean replica-hours against the static 99% fleet).",
+        f"{len(tuning['ranked']['ray'])} Ray configurations, one objective for both (the benchmark's targets "
+        "met on the tuning traces, then the share of requests under the TTFT target, then mean replica-hours "
+        "against the static 99% fleet).",
         "",
     ]
     for family, rows in tuning["ranked"].items():

@@ -321,7 +321,7 @@ def test_targets_are_judged_on_every_trace(
     assert [c.passed for c in bench.check_targets(summary)] == verdicts
 
 
-def test_tuning_score_counts_kinds_meeting_99_then_cost() -> None:
+def test_tuning_score_counts_the_benchmarks_targets() -> None:
     rows = [
         {
             "trace": "constant",
@@ -335,11 +335,13 @@ def test_tuning_score_counts_kinds_meeting_99_then_cost() -> None:
             "requests": 100,
             "attainment": 0.95,
             "replica_hours": 8.0,
-            "max_direction_changes_per_10min": 1,
+            "max_direction_changes_per_10min": 3,
         },
     ]
-    s = tune.score(rows, {"constant": 5.0, "bursty": 10.0})
-    assert s["kinds_meeting_attainment"] == 1 and s["mean_cost_ratio"] == pytest.approx(0.9)
+    s = tune.score(rows, {"constant": 5.0, "bursty": 10.0}, {"constant": 1.0, "bursty": 2.0})
+    # constant: 99% yes, <= 1.05x yes, direction changes yes; bursty: 99% no, <= 0.85x yes
+    assert s["targets_met"] == 4 and s["attainment_all"] == pytest.approx(0.975)
+    assert s["mean_cost_ratio"] == pytest.approx(0.9)
 
 
 def test_rates_never_go_negative_in_a_short_run() -> None:
