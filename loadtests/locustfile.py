@@ -17,21 +17,14 @@ Options (Locust's --help lists only its own; environment variables in brackets):
   --tokens-per-word X prompt sizing, default 1.3; `auto` asks vLLM's /tokenize (tiny-qwen3: ~4.4)
   --input-tokens N    random's prompt length; --prefix-tokens N: shared-prefix's system prompt length
   --request-timeout S read timeout (default 600); --api-key K [OPENAI_API_KEY]; --extra-body JSON
-  --ladder, --arrival-rate, --burstiness, --max-in-flight: the load shape (loadtests/shapes.py):
-                      `--ladder 1:30,4:30,16:30` (closed-loop concurrency steps) or
+  --ladder, --stop-ttft-p95-ms, --arrival-rate, --burstiness, --max-in-flight: the load shape
+                      (loadtests/shapes.py): `--ladder 1:30,4:30,16:30` (closed-loop concurrency steps,
+                      optionally ended at the first step whose TTFT p95 exceeds --stop-ttft-p95-ms) or
                       `--arrival-rate 2:60 [--burstiness 0.5] [--max-in-flight 64]` (open loop);
                       neither: Locust's -u/-r/-t.
 
-Definitions (the same as loadtests/streaming_client.py and `vllm bench serve`):
-- TTFT: from just before the request is sent to the first streamed chunk that carries generated text
-  (content; for chat also reasoning or tool-call deltas). vLLM's first chat chunk, the role with empty
-  content, does not count.
-- e2e: from the same start to the end of the stream (`data: [DONE]`).
-- output tokens: `usage.completion_tokens` of the server's final chunk (`stream_options.include_usage`);
-  a server that sends no usage falls back to the number of chunks with text (`tokens_from: "chunks"`).
-- TPOT: (e2e - TTFT) / (output tokens - 1), for requests with at least 2 output tokens.
-- inter-token gaps (ITL): gaps between consecutive chunks with text, per request their mean and max. With
-  speculative decoding one chunk can carry several tokens, so gaps can exceed TPOT.
+Definitions: loadtests/measure.py (TTFT, e2e, output tokens, TPOT and inter-token gaps, as `vllm bench
+serve` defines them), which the streaming client behind the benchmarks shares.
 
 Per request this file fires Locust request events, so they show in Locust's stats, CSV and charts: the
 POST itself (response time = e2e; a failure if the status is not 200, the stream breaks, or it carries
@@ -77,16 +70,16 @@ from locust.runners import MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 try:
-    from loadtests import shapes, workloads
+    from loadtests import measure, shapes, workloads
     from loadtests.shapes import HeadroomShape  # noqa: F401  (Locust runs the shape class it finds here)
 except ImportError:  # copied next to its sibling modules, outside the package
+    import measure  # type: ignore[no-redef]
     import shapes  # type: ignore[no-redef]
     import workloads  # type: ignore[no-redef]
     from shapes import HeadroomShape  # type: ignore[no-redef]  # noqa: F401
 
 log = logging.getLogger("headroom.locust")
 
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 WORKER_USER_STRIDE = 100_000
 CONNECT_ERROR_PAUSE_S = 1.0
 
@@ -112,7 +105,11 @@ def _add_arguments(parser: Any) -> None:
         help="Served model name (default: the server's first)",
     )
     group.add_argument(
-        "--api", default="chat", choices=tuple(PATHS), env_var="HEADROOM_API", help="chat or completions"
+        "--api",
+        default="chat",
+        choices=tuple(measure.API_PATHS),
+        env_var="HEADROOM_API",
+        help="chat or completions",
     )
     group.add_argument(
         "--max-tokens",
@@ -303,6 +300,7 @@ def _on_test_start(environment: Any, **_: Any) -> None:
         "prefix_tokens": options.prefix_tokens,
     }
     RUN.users = itertools.count()
+    environment.step_latencies = measure.StepLatencies()
     path = options.raw_file or (f"{options.csv_prefix}_raw.jsonl" if options.csv_prefix else None)
     if path:
         RUN.raw = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the whole run)
@@ -341,22 +339,6 @@ def _on_test_stop(environment: Any, **_: Any) -> None:
 # --------------------------------------------------------------------------------------------------------
 # The user
 # --------------------------------------------------------------------------------------------------------
-
-
-def _has_text(event: dict[str, Any], api: str) -> bool:
-    choices = event.get("choices") or []
-    if not choices:
-        return False
-    choice = choices[0]
-    if api == "completions":
-        return bool(choice.get("text"))
-    delta = choice.get("delta") or {}
-    return bool(
-        delta.get("content")
-        or delta.get("reasoning_content")
-        or delta.get("reasoning")
-        or delta.get("tool_calls")
-    )
 
 
 def _sse_lines(response: Any) -> Iterator[bytes]:
@@ -443,131 +425,101 @@ class LLMUser(HttpUser):
 
     def _send(self, request: dict[str, Any], step: tuple[int, str] | None, scheduled_s: float | None) -> None:
         options = self.environment.parsed_options
-        api, profile = options.api, options.profile
-        headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity", **_headers(options)}
-        body = self._body(request)
         users = self.environment.runner.user_count if self.environment.runner else None
-        first = last = None
-        gaps_sum, gaps_max, chunks = 0.0, 0.0, 0
-        usage: dict[str, Any] = {}
-        error: str | None = None
-
         start_s = time.time()
-        t0 = time.perf_counter()
+        meter = measure.StreamMeter(options.api, time.perf_counter())
         with self.client.post(
-            PATHS[api],
-            json=body,
-            headers=headers,
+            measure.API_PATHS[options.api],
+            json=self._body(request),
+            headers={"Accept": "text/event-stream", "Accept-Encoding": "identity", **_headers(options)},
             stream=True,
             catch_response=True,
             timeout=(30, options.request_timeout),
         ) as response:
             status = int(response.status_code or 0)
-            try:
-                if getattr(response, "error", None) is not None and not status:
-                    error = f"{type(response.error).__name__}: {response.error}"
-                elif status != 200:
-                    error = f"HTTP {status}: {response.text[:500]}"
-                else:
-                    for line in _sse_lines(response):
-                        if not line.startswith(b"data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
-                            break
-                        now = time.perf_counter()
-                        event = json.loads(data)
-                        if event.get("error"):
-                            err = event["error"]
-                            error = (
-                                f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
-                            )
-                            break
-                        if _has_text(event, api):
-                            if first is None:
-                                first = now
-                            else:
-                                gap = now - last  # type: ignore[operator]
-                                gaps_sum += gap
-                                gaps_max = max(gaps_max, gap)
-                            last = now
-                            chunks += 1
-                        if event.get("usage"):
-                            usage = event["usage"]
-                    if error is None and first is None:
-                        error = "empty response: no chunk with generated text"
-            except Exception as e:  # a broken stream, a bad event; GreenletExit (a hard stop) passes through
-                error = f"{type(e).__name__}: {e}"
-            end = time.perf_counter()
-            e2e = end - t0
-            response.request_meta["response_time"] = e2e * 1000
-            if error:
-                response.failure(error)
-            else:
+            result = meter.finish(*_read_stream(response, status, meter))
+            response.request_meta["response_time"] = result.e2e_s * 1000
+            if result.ok:
                 response.success()
-
-        tokens = int(usage.get("completion_tokens") or chunks)
-        ttft = first - t0 if first is not None else None
-        tpot = (e2e - ttft) / (tokens - 1) if ttft is not None and tokens > 1 else None
-        itl_mean = gaps_sum / (chunks - 1) if chunks > 1 else None
-        itl_max = gaps_max if chunks > 1 else None
-        ok = error is None
-        if ok:
-            self._metric("TTFT", profile, ttft)
-            self._metric("TPOT", profile, tpot)
-            self._metric("ITL", profile, itl_mean)
-            self._metric("ITL_MAX", profile, itl_max)
-            self.environment.events.request.fire(
-                request_type="TOKENS",
-                name=profile,
-                response_time=tokens,
-                response_length=0,
-                exception=None,
-                context={},
-            )
-        RUN.write(
-            {
-                "run": RUN.id,
-                "profile": profile,
-                "api": api,
-                "model": RUN.model,
-                "user": self.index,
-                "seq": self.seq,
-                "request_id": request["id"],
-                "kind": request["kind"],
-                "conversation": request["conversation"],
-                "turn": request["turn"],
-                "step": step[1] if step else None,
-                "step_index": step[0] if step else None,
-                "users": users,
-                "start_s": start_s,
-                "scheduled_s": scheduled_s,
-                "send_lag_s": start_s - scheduled_s if scheduled_s is not None else None,
-                "ttft_s": ttft,
-                "tpot_s": tpot,
-                "e2e_s": e2e,
-                "itl_mean_s": itl_mean,
-                "itl_max_s": itl_max,
-                "chunks": chunks,
-                "output_tokens": tokens,
-                "prompt_tokens": usage.get("prompt_tokens"),
-                "tokens_from": "usage" if usage.get("completion_tokens") is not None else "chunks",
-                "status": status,
-                "error": error,
-            }
-        )
+            else:
+                response.failure(result.error)
+        if result.ok:
+            self._fire_metrics(options.profile, result)
+        if step is not None and scheduled_s is None:  # a ladder step: the shape may stop at an SLO breach
+            self.environment.step_latencies.add(step[0], start_s, result.ttft_s if result.ok else None)
+        RUN.write(self._record(request, step, users, start_s, scheduled_s, status, result))
         self.seq += 1
         if status == 0:
             time.sleep(CONNECT_ERROR_PAUSE_S)  # no server: do not spin (time.sleep is gevent's under Locust)
 
-    def _metric(self, kind: str, name: str, value_s: float | None) -> None:
-        if value_s is None:
-            return
-        self.environment.events.request.fire(
-            request_type=kind,
-            name=name,
-            response_time=value_s * 1000,
-            response_length=0,
-            exception=None,
-            context={},
-        )
+    def _record(
+        self,
+        request: dict[str, Any],
+        step: tuple[int, str] | None,
+        users: int | None,
+        start_s: float,
+        scheduled_s: float | None,
+        status: int,
+        result: measure.RequestResult,
+    ) -> dict[str, Any]:
+        """One line of the raw file (the fields are listed in this module's docstring)."""
+        options = self.environment.parsed_options
+        return {
+            "run": RUN.id,
+            "profile": options.profile,
+            "api": options.api,
+            "model": RUN.model,
+            "user": self.index,
+            "seq": self.seq,
+            "request_id": request["id"],
+            "kind": request["kind"],
+            "conversation": request["conversation"],
+            "turn": request["turn"],
+            "step": step[1] if step else None,
+            "step_index": step[0] if step else None,
+            "users": users,
+            "start_s": start_s,
+            "scheduled_s": scheduled_s,
+            "send_lag_s": start_s - scheduled_s if scheduled_s is not None else None,
+            **{k: v for k, v in result.as_dict().items() if k != "error"},
+            "status": status,
+            "error": result.error,
+        }
+
+    def _fire_metrics(self, profile: str, result: measure.RequestResult) -> None:
+        """Locust's custom rows for a successful request: latencies in ms, TOKENS as a count."""
+        values = {
+            "TTFT": result.ttft_s,
+            "TPOT": result.tpot_s,
+            "ITL": result.itl_mean_s,
+            "ITL_MAX": result.itl_max_s,
+        }
+        rows = {kind: v * 1000 for kind, v in values.items() if v is not None}
+        rows["TOKENS"] = result.output_tokens
+        for kind, value in rows.items():
+            self.environment.events.request.fire(
+                request_type=kind,
+                name=profile,
+                response_time=value,
+                response_length=0,
+                exception=None,
+                context={},
+            )
+
+
+def _read_stream(response: Any, status: int, meter: measure.StreamMeter) -> tuple[float, str | None]:
+    """Feeds the response body to `meter` as it arrives; returns the end time and a transport error, if
+    any. A broken stream or a bad event is an error; GreenletExit (a hard stop) passes through."""
+    error: str | None = None
+    try:
+        if getattr(response, "error", None) is not None and not status:
+            error = f"{type(response.error).__name__}: {response.error}"
+        elif status != 200:
+            error = f"HTTP {status}: {response.text[:500]}"
+        else:
+            for line in _sse_lines(response):
+                if not meter.feed(line, time.perf_counter()):
+                    break
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    return time.perf_counter(), error

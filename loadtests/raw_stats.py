@@ -5,8 +5,8 @@ used here: start_s (wall clock at send), ttft_s, tpot_s, e2e_s, itl_mean_s, itl_
 status, error, step and step_index (a concurrency-ladder or arrival-rate step, when the run had one),
 send_lag_s (open loop: how late the request left against its scheduled arrival) and run.
 
-Percentiles are linearly interpolated between order statistics (numpy's default, and the same function
-as loadtests/streaming_client.py), over successful requests only: status 200 and no error. TPOT exists
+Percentiles are loadtests/measure.py's (linear between order statistics, numpy's default), over
+successful requests only: status 200 and no error. TPOT exists
 only for requests with at least two output tokens, ITL for those with at least two streamed chunks.
 Throughput is output tokens of successful requests divided by the group's span, first send to last
 byte; at a ladder step boundary a request belongs to the step it started in.
@@ -20,6 +20,7 @@ histogram_quantile does, so a run can be checked against the server's own histog
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -28,16 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtests.streaming_client import percentile
+from loadtests.measure import after_warmup, percentile
 
 QUANTILES = (50, 90, 95, 99)
 LATENCIES = ("ttft", "tpot", "e2e", "itl_mean", "itl_max")
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
-    """The raw file's records in file order; blank lines skipped, a malformed line named by number."""
+    """The raw file's records in file order (a .gz file is read through gzip); blank lines skipped, a
+    malformed line named by number."""
     records = []
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -66,9 +69,8 @@ def summarize(records: Sequence[Mapping[str, Any]], warmup_s: float = 0.0) -> di
     output_tokens_per_s, mean_output_tokens, {ttft,tpot,e2e,itl_mean,itl_max}_{p50,p90,p95,p99,mean}_ms,
     send_lag_p99_ms and late_fraction (share of open-loop requests sent > 10 ms after their slot).
     """
-    if records and warmup_s > 0:
-        t0 = min(float(r["start_s"]) for r in records)
-        records = [r for r in records if float(r["start_s"]) >= t0 + warmup_s]
+    keep = after_warmup([float(r["start_s"]) for r in records], warmup_s)
+    records = [r for r, counted in zip(records, keep, strict=True) if counted]
     ok = [r for r in records if is_success(r)]
     out: dict[str, Any] = {
         "requests": len(records),

@@ -8,6 +8,12 @@ picks its behaviour from the command line (or the environment variables in brack
   ends, so the step's value is the number of requests in flight. New users start within a second of
   the step's start; the test stops after the last step (in-flight requests finish: the locustfile
   sets a graceful --stop-timeout). Requests are labelled with their step ("c=4") in the raw file.
+  With `--stop-ttft-p95-ms X` [HEADROOM_STOP_TTFT_P95_MS] the test ends at the first step that breaches
+  X: the TTFT p95 of the step's successful requests sent after its own first STEP_WARMUP_S seconds is
+  above X, or every request of the step failed. It is checked from STEP_WARMUP_S / 2 into the next step,
+  so the next step's few requests fall inside its warm-up and count in no step's statistics. A step with
+  no finished request yet does not stop the test. Single process only (the users report to the shape
+  through the environment).
 - `--arrival-rate 2:60` or `1:30,2:30,4:30` [HEADROOM_ARRIVAL_RATE]: open loop, `requests/s:duration`
   steps, Poisson arrivals, or burstier with `--burstiness 0.25` [HEADROOM_BURSTINESS] (gamma
   inter-arrival gaps of shape `burstiness`, as `vllm bench serve --burstiness`; 1 = Poisson).
@@ -43,9 +49,11 @@ from typing import Any
 from locust import LoadTestShape
 
 try:
-    from loadtests.workloads import Step, parse_steps, step_index_at
+    from loadtests.measure import STEP_WARMUP_S
+    from loadtests.workloads import Step, ladder_label, parse_steps, step_index_at
 except ImportError:  # copied next to its sibling modules, outside the package
-    from workloads import Step, parse_steps, step_index_at  # type: ignore[no-redef]
+    from measure import STEP_WARMUP_S  # type: ignore[no-redef]
+    from workloads import Step, ladder_label, parse_steps, step_index_at  # type: ignore[no-redef]
 
 DEFAULT_MAX_IN_FLIGHT = 64
 OPEN_LOOP_GRACE_S = 2.0  # the schedule's clock starts when the first user claims an arrival: a little later
@@ -60,6 +68,13 @@ def add_arguments(parser: Any) -> None:
         default=None,
         env_var="HEADROOM_LADDER",
         help="Closed-loop concurrency ladder, users:duration steps, e.g. 1:30,4:30,16:30 (durations s or 2m)",
+    )
+    group.add_argument(
+        "--stop-ttft-p95-ms",
+        type=float,
+        default=None,
+        env_var="HEADROOM_STOP_TTFT_P95_MS",
+        help="Ladder: end the test at the first step whose TTFT p95 exceeds this (ms)",
     )
     group.add_argument(
         "--arrival-rate",
@@ -98,10 +113,6 @@ def ladder_tick(steps: Sequence[Step], run_time_s: float) -> tuple[int, float] |
     return users, min(float(max(users, 1)), MAX_SPAWN_RATE)
 
 
-def ladder_label(users: float) -> str:
-    return f"c={int(round(users))}"
-
-
 def rate_label(rate_rps: float) -> str:
     return f"rate={rate_rps:g}"
 
@@ -128,7 +139,22 @@ class LadderShape(LoadTestShape):
         return self._steps
 
     def tick(self) -> tuple[int, float] | None:
-        return ladder_tick(self.ladder_steps(), self.get_run_time())
+        steps, run_time_s = self.ladder_steps(), self.get_run_time()
+        if self._breached_before(steps, run_time_s):
+            return None
+        return ladder_tick(steps, run_time_s)
+
+    def _breached_before(self, steps: Sequence[Step], run_time_s: float) -> bool:
+        """With --stop-ttft-p95-ms: whether the step before the running one breached it. Checked from half
+        the warm-up into the running step (the earlier step's requests have mostly finished), so that a
+        stop (Locust ticks once a second) comes before the running step's warm-up ends: its requests
+        then count in no step."""
+        bound = _option(self, "stop_ttft_p95_ms", "HEADROOM_STOP_TTFT_P95_MS")
+        latencies = getattr(getattr(self.runner, "environment", None), "step_latencies", None)
+        i = step_index_at(steps, max(0.0, run_time_s - STEP_WARMUP_S / 2))
+        if bound is None or latencies is None or not i:
+            return False
+        return bool(latencies.breached(i - 1, float(bound)))
 
     def current_step(self) -> tuple[int, str] | None:
         """(index, label) of the step running now, for the raw file. After the last step (the test is

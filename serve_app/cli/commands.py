@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import re
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from serve_app.cli import ladder_options as lo
 from serve_app.cli.common import err, fail, out
 from serve_app.cli.rollout_commands import register as register_rollout_commands
 from serve_app.config import ConfigError, HeadroomConfig, available_envs, load_config_files, load_env_config
-from serve_app.config.vocabulary import APP_NAME_HINT, APP_NAME_PATTERN
 
 if TYPE_CHECKING:
     from serve_app.planning.request import ClusterSpec
@@ -199,65 +199,57 @@ def serve(
 def ladder(
     config_files: ConfigFilesArgument = None,
     env: EnvOption = None,
-    profile: Annotated[
-        str, typer.Option(help="Workload: random, shared-prefix, multi-turn, structured or creative.")
-    ] = "random",
-    ttft_slo_ms: Annotated[
-        float | None, typer.Option(min=0.001, help="TTFT p95 target; default the config's slo.ttft_p95_ms.")
-    ] = None,
-    steps: Annotated[str, typer.Option(help="Concurrency ladder, users:seconds steps.")] = "1:20,4:20,16:20",
-    max_tokens: Annotated[int, typer.Option(min=1, max=32768, help="Output tokens per request.")] = 64,
-    seed: Annotated[int, typer.Option(min=0, help="Workload seed.")] = 0,
-    url: Annotated[
-        str | None,
-        typer.Option(help="Measure a running server as deployed instead of deploying each setting."),
-    ] = None,
-    out: Annotated[Path, typer.Option(help="Report folder.")] = Path("results/ladder"),
-    app_name: Annotated[
-        str,
-        typer.Option(
-            help="Serve application (and route prefix) the settings are deployed as; ladders that share a "
-            "cluster need different names.",
-        ),
-    ] = "ladder",
-    http_port: Annotated[
-        int | None, typer.Option(min=1, max=65535, help="Serve's HTTP port; default one per process.")
-    ] = None,
+    profiles: lo.Profiles = None,
+    ttft_slo_ms: lo.TtftSlo = None,
+    steps: lo.Steps = "1:20,4:20,16:20",
+    max_steps: lo.MaxSteps = 6,
+    max_tokens: lo.MaxTokens = 64,
+    seed: lo.Seed = 0,
+    repeats: lo.Repeats = 3,
+    features: lo.Features = None,
+    part: lo.Part = None,
+    only: lo.Only = None,
+    merge: lo.Merge = None,
+    url: lo.Url = None,
+    out: lo.Out = Path("results/ladder"),
+    app_name: lo.AppName = "ladder",
+    http_port: lo.HttpPort = None,
 ) -> None:
-    """The seeds' tuning procedure: a fixed workload and concurrency ladder, the baseline, then prefix
-    caching, chunked prefill and speculative decoding switched on one at a time; writes a report."""
-    from loadtests.ladder import run_ladder
-    from loadtests.workloads import PROFILES, parse_steps
+    """The seeds' tuning procedure: a fixed workload and concurrency steps, the baseline, then prefix
+    caching, chunked prefill and speculative decoding switched on in turn, each setting on fresh engines
+    several times; keeps what beats the noise and writes a report. Stops what it started, also on Ctrl-C."""
+    from loadtests import ladder_report
+    from loadtests.ladder import LadderOptions, run_ladder
 
-    if profile not in PROFILES:
-        raise typer.BadParameter(f"{profile!r} is not one of {', '.join(PROFILES)}", param_hint="--profile")
-    try:
-        parse_steps(steps)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--steps") from None
-    if not re.fullmatch(APP_NAME_PATTERN, app_name):
-        raise typer.BadParameter(f"{app_name!r}: {APP_NAME_HINT}", param_hint="--app-name")
-    try:
-        cfg = _load(env, config_files)
-    except ConfigError as e:
-        fail(e)
-    report = run_ladder(
-        cfg,
-        profile,
-        ttft_slo_ms or cfg.slo.ttft_p95_ms,
-        steps,
-        out,
-        max_tokens,
-        seed,
-        url,
-        progress=err.print,
-        app_name=app_name,
-        http_port=http_port,
-    )
-    rec = report["recommendation"]
-    typer.echo(
-        f"recommended max_num_seqs {rec['max_num_seqs']}, features: {', '.join(rec['features']) or 'none'}"
-    )
+    # SIGTERM unwinds like Ctrl-C, so the app, Serve and Ray this command started are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if merge:
+        results = lo.merged(merge, out)
+    else:
+        try:
+            cfg = _load(env, config_files)
+        except ConfigError as e:
+            fail(e)
+        chosen = lo.features_arg(cfg, features)
+        opts = LadderOptions(
+            profiles=lo.profiles_arg(profiles),
+            ttft_slo_ms=ttft_slo_ms or cfg.slo.ttft_p95_ms,
+            steps=lo.steps_arg(steps),
+            max_tokens=max_tokens,
+            seed=seed,
+            repeats=repeats,
+            features=chosen,
+            max_steps=max_steps,
+            part=lo.part_arg(part),
+            only=lo.only_arg(cfg, chosen, repeats, only),
+            url=url,
+            app_name=lo.app_name_arg(app_name),
+            http_port=http_port,
+            command=shlex.join(["headroom", "ladder", *sys.argv[2:]]),
+        )
+        results = run_ladder(cfg, opts, out, progress=err.print)
+    for line in ladder_report.summary_lines(results):
+        typer.echo(line)
     typer.echo(f"report: {out / 'report.md'}")
 
 

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -25,7 +26,7 @@ from serve_app.planning.placement import ClusterSpec
 from serve_app.serving.engine import build_openai_app, parse_serve_args, start_engine
 from serve_app.serving.engine_args import PlannedEngine, plan_engine, vllm_cli_args
 from serve_app.serving.metrics import ServingMetrics
-from serve_app.serving.serve_options import deployment_options
+from serve_app.serving.serve_options import deployment_options, restore_vllm_serve_env
 
 
 @serve.ingress()
@@ -48,6 +49,8 @@ class LLMServer:
             },
             ReplicaStatsWindow(window_s),
         )
+        # The engine core starts from this process: with `vllm serve`'s environment, not Ray's defaults.
+        restore_vllm_serve_env(os.environ, environ_at_start())
         self._engine = await start_engine(self._args, self._metrics)
 
     async def __serve_build_asgi_app__(self):
@@ -65,6 +68,18 @@ class LLMServer:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
+
+
+def environ_at_start() -> dict[str, str]:
+    """The environment this process was started with (Linux's /proc/self/environ). Where that cannot be
+    read (another system, or a process title written over it) the current one, so that nothing is taken
+    for a value Ray set later."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        raw = b""
+    started = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+    return started or dict(os.environ)
 
 
 def live_cluster(cfg: HeadroomConfig) -> ClusterSpec:

@@ -7,6 +7,7 @@ rendered Serve config file holds under `deployments:`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,10 @@ from serve_app.config import ConfigError, HeadroomConfig
 from serve_app.planning.placement import Plan
 
 # Ray Serve settings for the cluster (read by Serve's processes at start-up, so they must be in the
-# environment of `ray start` / the driver that starts the cluster). Measured on the tiny CPU model
-# (loadtests/bench_overhead.py): with Serve's default Python proxy, streaming added 9-11 ms TTFT p50 at
-# concurrency 1 and cost 30% throughput at 32; with HAProxy in front of replicas that serve HTTP
-# themselves (one hop) and user code on the replica's main event loop, +2 ms and -8%. Ray also starts
+# environment of `ray start` / the driver that starts the cluster). HAProxy routes each request straight to
+# a replica that serves HTTP itself (one hop; Serve's default sends it through a Python proxy actor first),
+# and user code runs on the replica's own event loop (no hand-off to a second thread per message); what is
+# left against bare `vllm serve` is measured in results/bench_overhead and results/gpu. Ray also starts
 # workers at nice 15 so its own daemons stay responsive; here the worker (the replica and its engine) is
 # the workload, and at nice 15 it lost the CPU to everything else on the node. Last, a replica that is
 # killed hard (graceful shutdown timed out) leaves its vLLM engine-core process behind, holding the
@@ -36,6 +37,25 @@ def apply_cluster_env(environ: dict[str, str]) -> None:
     """Sets SERVE_CLUSTER_ENV in `environ` where the user has not chosen otherwise."""
     for key, value in SERVE_CLUSTER_ENV.items():
         environ.setdefault(key, value)
+
+
+# What Ray sets in a worker process after it started, unless the worker's environment already had it:
+# OMP_NUM_THREADS=<the actor's num_cpus> (ray/_private/utils.py, set_omp_num_threads_if_unset). vLLM's
+# engine core, started from the replica, would inherit it; `vllm serve` starts without it, and vLLM then
+# sizes the engine's thread pools itself (and warns that an inherited OMP_NUM_THREADS > 1 keeps Torch's
+# CPU threads spinning while it serves).
+RAY_WORKER_DEFAULTS = ("OMP_NUM_THREADS",)
+
+
+def restore_vllm_serve_env(environ: MutableMapping[str, str], started_with: Mapping[str, str]) -> list[str]:
+    """Removes from `environ` the RAY_WORKER_DEFAULTS that Ray set after this process started (they are
+    absent from `started_with`, the environment it was started with), so the engine core started from
+    here gets what it would under `vllm serve`. A value the user set (in the cluster's or the app's
+    environment) was there at start and stays. Returns the names removed."""
+    removed = [k for k in RAY_WORKER_DEFAULTS if k in environ and k not in started_with]
+    for key in removed:
+        del environ[key]
+    return removed
 
 
 def deployment_options(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:

@@ -6,6 +6,8 @@
 2. Against the shared test cluster (the real headroom app, `main` at /, ngram speculation): the raw file's
    successful requests are exactly the requests the server's own TTFT histogram counted, and the
    medians agree within the tolerance stated at `test_locust_matches_server_histograms`.
+3. `make loadtest` as a user runs it, with no server running: it starts one, loads it, returns by itself
+   and leaves nothing it started behind; also when interrupted with Ctrl-C.
 """
 
 from __future__ import annotations
@@ -13,45 +15,39 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
+import psutil
 import pytest
 
-from loadtests.raw_stats import bucket_increase, histogram_quantile, is_success, load_records, percentile
+from loadtests.measure import STEP_WARMUP_S, percentile
+from loadtests.raw_stats import bucket_increase, histogram_quantile, is_success, load_records
+from loadtests.smoke import locust_command
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-LOCUSTFILE = REPO / "loadtests" / "locustfile.py"
 MAIN = {"application": "main"}
 TTFT = "ray_headroom_ttft_seconds"
 
 
-def run_locust(host: str, tmp: Path, *args: str, timeout_s: float = 180) -> tuple[list[dict], Path]:
-    """Runs a headless Locust test; returns the raw records and the CSV prefix."""
+def run_locust(
+    host: str, tmp: Path, *args: str, model: str = "fake", timeout_s: float = 180
+) -> tuple[list[dict], Path]:
+    """Runs a headless Locust test (the one command line, loadtests/smoke.py's); returns the raw records
+    and the CSV prefix."""
     prefix = tmp / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(LOCUSTFILE),
-        "--headless",
-        "--only-summary",
-        "--host",
-        host,
-        "--csv",
-        str(prefix),
-        "--raw-file",
-        str(tmp / "raw.jsonl"),
-        *args,
-    ]
+    cmd = locust_command(host, model, tmp / "raw.jsonl", {"--csv": str(prefix)}) + list(args)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, (
         f"locust exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -143,7 +139,7 @@ def fake_server() -> Iterator[str]:
 def test_locust_measures_what_the_server_paced(fake_server, tmp_path, api):
     n = 8
     records, prefix = run_locust(
-        fake_server, tmp_path, "-u", "2", "-r", "2", "-t", "3s", "--model", "fake", "--api", api,
+        fake_server, tmp_path, "-u", "2", "-r", "2", "-t", "3s", "--api", api,
         "--profile", "structured", "--max-tokens", str(n),
     )  # fmt: skip
     assert len(records) >= 6
@@ -178,7 +174,7 @@ def test_locust_measures_what_the_server_paced(fake_server, tmp_path, api):
 
 def test_ladder_labels_each_request_with_its_step(fake_server, tmp_path):
     records, _ = run_locust(
-        fake_server, tmp_path, "--ladder", "1:3,3:3", "--model", "fake", "--profile", "random",
+        fake_server, tmp_path, "--ladder", "1:3,3:3", "--profile", "random",
         "--max-tokens", "4",
     )  # fmt: skip
     steps = {r["step"] for r in records}
@@ -189,10 +185,29 @@ def test_ladder_labels_each_request_with_its_step(fake_server, tmp_path):
     assert all(r["step_index"] == (0 if r["step"] == "c=1" else 1) for r in records)
 
 
+def test_ladder_stops_at_the_first_step_over_the_slo(fake_server, tmp_path):
+    # The fake server's TTFT is 200 ms: a 100 ms bound breaks at the first step, a 1000 ms one never.
+    started = time.monotonic()
+    records, _ = run_locust(
+        fake_server, tmp_path, "--ladder", "1:4,2:4,3:4", "--stop-ttft-p95-ms", "100",
+        "--profile", "random", "--max-tokens", "2",
+    )  # fmt: skip
+    assert time.monotonic() - started < 12  # the whole ladder takes 12 s
+    assert {r["step"] for r in records} <= {"c=1", "c=2"} and any(r["step"] == "c=1" for r in records)
+    second = [r["start_s"] for r in records if r["step"] == "c=2"]
+    assert not second or max(second) - min(second) < STEP_WARMUP_S  # only the next step's warm-up
+    (tmp_path / "raw.jsonl").unlink()
+    records, _ = run_locust(
+        fake_server, tmp_path, "--ladder", "1:3,2:3", "--stop-ttft-p95-ms", "1000",
+        "--profile", "random", "--max-tokens", "2",
+    )  # fmt: skip
+    assert {r["step"] for r in records} == {"c=1", "c=2"}
+
+
 def test_open_loop_sends_on_the_seeded_schedule(fake_server, tmp_path):
     records, _ = run_locust(
         fake_server, tmp_path, "--arrival-rate", "8:4", "--max-in-flight", "8", "--seed", "5",
-        "--model", "fake", "--profile", "shared-prefix", "--prefix-tokens", "300", "--max-tokens", "4",
+        "--profile", "shared-prefix", "--prefix-tokens", "300", "--max-tokens", "4",
     )  # fmt: skip
     from loadtests.workloads import arrival_times, make_requests, parse_steps
 
@@ -265,8 +280,8 @@ def test_locust_matches_server_histograms(cluster, tmp_path):
     before_buckets = histogram(cluster, TTFT, **MAIN)
 
     records, prefix = run_locust(
-        cluster.base_url, tmp_path, "-u", "4", "-r", "4", "-t", "15s", "--model", "tiny-qwen3",
-        "--profile", "structured", "--max-tokens", "32",
+        cluster.base_url, tmp_path, "-u", "4", "-r", "4", "-t", "15s", "--profile", "structured",
+        "--max-tokens", "32", model="tiny-qwen3",
     )  # fmt: skip
 
     # The CSV and the raw file exist and agree.
@@ -303,3 +318,99 @@ def test_locust_matches_server_histograms(cluster, tmp_path):
     assert abs(client - server.value) <= (server.upper - server.lower) + max(0.020, 0.5 * server.value), (
         detail
     )
+
+
+# --------------------------------------------------------------------------------------------------------
+# 3. make loadtest, as a user runs it
+# --------------------------------------------------------------------------------------------------------
+
+LOADTEST_URL = "http://127.0.0.1:8000/v1/models"
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    """Processes whose environment carries `marker`: everything `make loadtest` started, Ray's daemons,
+    the replica and its engine included (they inherit it), whatever process group or session they are in."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("HEADROOM_TEST_MARKER") == marker:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def start_make_loadtest(out: Path, marker: str) -> subprocess.Popen:
+    assert not answers(LOADTEST_URL), "a server already answers on :8000; make loadtest would use it"
+    venv = Path(sys.executable).parents[1]
+    env = {**os.environ, "HEADROOM_TEST_MARKER": marker, "LOADTEST_OUT": str(out)}
+    env.update(LOADTEST_DURATION="6s", LOADTEST_USERS="2")
+    env.pop("RAY_ADDRESS", None)
+    # -o: the virtualenv counts as set up (it is: this test runs in it).
+    cmd = ["make", "-o", str(venv / ".headroom-setup"), "loadtest", f"VENV={venv}"]
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout_s: float) -> str:
+    try:
+        return proc.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def assert_nothing_left(marker: str) -> None:
+    deadline = time.monotonic() + 20  # processes being reaped
+    while marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = marked(marker)
+    names = [(p.pid, p.name()) for p in left]
+    for p in left:  # the test's own processes: not left on the machine even when it fails
+        p.kill()
+    assert not names, f"left behind: {names}"
+    assert not answers(LOADTEST_URL)
+
+
+def test_make_loadtest_returns_and_stops_its_server(tmp_path):
+    marker = uuid.uuid4().hex
+    proc = start_make_loadtest(tmp_path, marker)
+    try:
+        output = finish(proc, timeout_s=480)
+        assert proc.returncode == 0, output[-4000:]
+        assert "starting headroom serve" in output and "stopping the server" in output, output[-4000:]
+        records = load_records(tmp_path / "raw.jsonl")
+        assert records and all(is_success(r) for r in records), records[:3]
+        assert (tmp_path / "server.log").is_file()
+    finally:
+        assert_nothing_left(marker)
+
+
+def test_make_loadtest_stops_its_server_on_ctrl_c(tmp_path):
+    marker = uuid.uuid4().hex
+    proc = start_make_loadtest(tmp_path, marker)
+    try:
+        deadline = time.monotonic() + 360
+        while not answers(LOADTEST_URL):
+            assert proc.poll() is None and time.monotonic() < deadline, "the server never came up"
+            time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the foreground group gets it
+        output = finish(proc, timeout_s=180)
+        assert proc.returncode != 0, output[-4000:]
+        assert "stopping the server" in output, output[-4000:]
+    finally:
+        assert_nothing_left(marker)

@@ -7,13 +7,13 @@ import math
 
 import pytest
 
+from loadtests.measure import percentile
 from loadtests.raw_stats import (
     bucket_increase,
     group_records,
     histogram_quantile,
     load_records,
     main,
-    percentile,
     summarize,
     summarize_by,
 )
@@ -39,30 +39,6 @@ def record(i: int, **overrides: object) -> dict:
     }
     r.update(overrides)
     return r
-
-
-# --------------------------------------------------------------------------------------------------------
-# Percentiles
-# --------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("q", "expected"), [(0, 1.0), (50, 5.5), (90, 9.1), (95, 9.55), (99, 9.91), (100, 10.0)]
-)
-def test_percentile_is_linear_between_order_statistics(q, expected):
-    assert percentile([7, 1, 10, 3, 2, 9, 4, 8, 6, 5], q) == pytest.approx(expected)
-
-
-def test_percentile_agrees_with_numpy():
-    np = pytest.importorskip("numpy")
-    data = [((i * 7919) % 1009) / 13 for i in range(333)]
-    for q in (1, 50, 90, 95, 99, 99.9):
-        assert percentile(data, q) == pytest.approx(float(np.percentile(data, q)))
-
-
-def test_percentile_edge_cases():
-    assert math.isnan(percentile([], 50))
-    assert percentile([4.2], 99) == 4.2
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -137,6 +113,15 @@ def test_groups_by_step_in_step_order():
 # --------------------------------------------------------------------------------------------------------
 # The file and the CLI
 # --------------------------------------------------------------------------------------------------------
+
+
+def test_load_records_reads_gzip(tmp_path):
+    import gzip
+
+    path = tmp_path / "raw.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(json.dumps(record(0)) + "\n")
+    assert load_records(path) == [record(0)]
 
 
 def test_load_records_and_cli(tmp_path, capsys):

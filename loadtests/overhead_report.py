@@ -1,0 +1,141 @@
+"""The overhead benchmark's Markdown report, from its results.json dictionary (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from loadtests.overhead_matrix import BARE, OUR_CLIENT, VLLM_BENCH
+
+_SERVER_COLUMNS = (
+    ("TTFT p50 ms", "ttft_p50_ms", 1),
+    ("TTFT p99 ms", "ttft_p99_ms", 1),
+    ("TPOT p50 ms", "tpot_p50_ms", 2),
+    ("ITL p50 ms", "itl_p50_ms", 2),
+    ("output tok/s", "output_tokens_per_s", 0),
+    ("frontend CPU us/token", "frontend_cpu_us_per_token", 0),
+    ("engine CPU us/token", "engine_cpu_us_per_token", 0),
+)
+_COMPARISON_COLUMNS = (
+    ("TTFT p50 added ms", "ttft_p50_delta_ms", 1),
+    ("TTFT p50 ratio", "ttft_p50_ratio", 3),
+    ("TPOT p50 ratio", "tpot_p50_ratio", 3),
+    ("throughput ratio", "throughput_ratio", 3),
+    ("engine CPU ratio", "engine_cpu_us_per_token_ratio", 2),
+    ("extra frontend CPU us/token", "frontend_cpu_us_per_token_delta", 0),
+)
+
+
+def fmt(s: Mapping[str, float] | None, digits: int) -> str:
+    """'median [min-max]' over rounds, or the value alone from one round; '-' when not measured."""
+    if s is None:
+        return "-"
+    median = f"{s['median']:,.{digits}f}"
+    if s["n"] < 2:
+        return median
+    return f"{median} [{s['min']:,.{digits}f}, {s['max']:,.{digits}f}]"
+
+
+def _server_table(rows: list[dict[str, Any]], servers: list[str]) -> list[str]:
+    lines = [
+        "| c | server | " + " | ".join(name for name, _, _ in _SERVER_COLUMNS) + " |",
+        "|---:|---|" + "---:|" * len(_SERVER_COLUMNS),
+    ]
+    for row in rows:
+        for s in servers:
+            cells = [fmt(row[s][key], d) for _, key, d in _SERVER_COLUMNS]
+            lines.append(f"| {row['concurrency']} | {s} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _comparison_table(rows: list[dict[str, Any]], servers: list[str]) -> list[str]:
+    lines = [
+        "| c | server | " + " | ".join(name for name, _, _ in _COMPARISON_COLUMNS) + " |",
+        "|---:|---|" + "---:|" * len(_COMPARISON_COLUMNS),
+    ]
+    for row in rows:
+        for s in servers:
+            if s == BARE:
+                continue
+            cells = [fmt(row["comparison"][s][key], d) for _, key, d in _COMPARISON_COLUMNS]
+            lines.append(f"| {row['concurrency']} | {s} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[str]:
+    lines: list[str] = []
+    for name, w in report["workloads"].items():
+        prefix = f" after a {w['prefix_len']}-token prefix shared within the cell" if w["prefix_len"] else ""
+        lines += [
+            "",
+            f"## {name}: {w['input_len']}-token prompts{prefix}, {w['output_len']} output tokens",
+            "",
+        ]
+        for client, title in ((VLLM_BENCH, "`vllm bench serve`"), (OUR_CLIENT, "our client")):
+            rows = [r for r in report["results"] if r["workload"] == name and r["client"] == client]
+            if not rows:
+                continue
+            lines += [f"{title}: each server (median [min, max] over rounds)", ""]
+            lines += _server_table(rows, servers)
+            lines += ["", f"{title}: against bare vLLM, paired per round (median [min, max])", ""]
+            lines += _comparison_table(rows, servers)
+            lines.append("")
+    return lines
+
+
+def _memory_lines(memory: list[dict[str, Any]]) -> list[str]:
+    if not memory:
+        return []
+    lines = [
+        "",
+        "| engine | KV tokens predicted | KV tokens logged | error | weights GiB predicted / logged |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for m in memory:
+        lines.append(
+            f"| {m['source']} | {m['predicted_kv_cache_tokens']:,} | {m['kv_cache_tokens']:,} | "
+            f"{m['kv_error']:+.2%} | {m['predicted_weights_gib']:.2f} / {m['weights_gib']} |"
+        )
+    return lines
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    servers = [BARE, *report["targets"]]
+    v = report["versions"]
+    flags = " ".join(report["engine_flags"])
+    if report["bare_engine_flags"] == report["engine_flags"]:
+        engine = f"the same engine flags on every server: `{flags}`."
+    else:
+        bare_flags = " ".join(report["bare_engine_flags"])
+        engine = f"headroom's engine flags `{flags}`; bare vLLM with vLLM's defaults: `{bare_flags}`."
+    lines = [
+        "# headroom vs bare vLLM: serving overhead",
+        "",
+        f"Machine: {report['machine']}. vLLM {v['vllm']}, Ray {v['ray']}, Python {v['python']}.",
+        f"Model: {report['model']}; {engine}",
+        f"Layout: {report['layout']}. Rounds: {report['rounds_done']} of {report['rounds_planned']} "
+        f"({report['elapsed_s']:.0f} s). Prompts per cell: "
+        + ", ".join(f"{k}: {n}" for k, n in report["prompts"].items())
+        + ".",
+    ]
+    if report["variants"]:
+        lines.append(
+            "Variants (headroom apps whose replicas got this environment): "
+            + "; ".join(f"{k}: {env}" for k, env in report["variants"].items())
+            + "."
+        )
+    lines += [f"Note: {n}." for n in report["notes"]]
+    lines += _workload_sections(report, servers)
+    lines += ["## Targets (`vllm bench serve`, median of the paired per-round values)", ""]
+    for server, results in report["targets"].items():
+        for name, ok in results.items():
+            verdict = "not measured" if ok is None else ("met" if ok else "NOT met")
+            lines.append(f"- {server}: {name}: {verdict}")
+    starts = ", ".join(f"{s['server']} {s['ready_s']:.0f} s (GPU {s['gpu']})" for s in report["starts"])
+    lines += ["", f"Seconds from launch to serving: {starts}."]
+    lines += _memory_lines(report["memory"])
+    lines += ["", f"Command: `{report['command']}`", ""]
+    example = next(iter(report["vllm_bench_commands"].items()), None)
+    if example:
+        lines += [f"`vllm bench serve` as run for {example[0]} (all: results.json): `{example[1]}`", ""]
+    return "\n".join(lines)

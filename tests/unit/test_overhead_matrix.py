@@ -1,0 +1,305 @@
+"""The overhead benchmark's pure parts: prompt counts, seeds, `vllm bench serve`'s command line, medians
+with their spread over rounds, the paired comparison, the targets, the time budget and the report."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from loadtests import vllm_bench
+from loadtests.overhead_client import our_prompts
+from loadtests.overhead_matrix import (
+    BARE,
+    HEADROOM,
+    OUR_CLIENT,
+    VLLM_BENCH,
+    aggregate,
+    cell_seed,
+    cpu_per_token,
+    identity_flags,
+    next_round,
+    parse_counts,
+    prompt_count,
+    spread,
+    targets,
+)
+from loadtests.overhead_report import fmt, markdown
+from loadtests.overhead_servers import app_name_for, parse_variant
+from loadtests.vllm_bench import WORKLOADS, Workload
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("", {}), ("1:30", {1: 30}), ("1:30,64:320,128:640,256:1024", {1: 30, 64: 320, 128: 640, 256: 1024})],
+)
+def test_parse_counts(text, expected):
+    assert parse_counts(text) == expected
+
+
+@pytest.mark.parametrize("text", ["1", "1:", "a:3", "1:30,64"])
+def test_parse_counts_refuses_what_is_not_c_colon_n(text):
+    with pytest.raises(ValueError, match="CONCURRENCY:PROMPTS"):
+        parse_counts(text)
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "expected"),
+    [(1, 30), (64, 320), (8, 40), (2, 30)],  # explicit counts win; else waves x c, at least min_prompts
+)
+def test_prompt_count(concurrency, expected):
+    assert prompt_count(concurrency, {1: 30, 64: 320}, waves=5, min_prompts=30) == expected
+
+
+def test_cell_seeds_differ_between_cells_and_rounds_and_repeat_exactly():
+    seeds = {cell_seed(w, c, r) for w in WORKLOADS for c in (1, 64, 128, 256) for r in range(3)}
+    assert len(seeds) == len(WORKLOADS) * 4 * 3
+    assert cell_seed("short", 64, 2) == cell_seed("short", 64, 2)
+
+
+def test_bench_args_is_the_closed_loop_cell_vllm_would_run():
+    w = WORKLOADS["random-1024"]
+    args = vllm_bench.bench_args("http://h:1/app", "m", "/tok", w, 64, 320, 7, "/out", "r.json")
+
+    def value(flag):
+        return args[args.index(flag) + 1]
+
+    assert value("--base-url") == "http://h:1/app" and value("--endpoint") == "/v1/completions"
+    assert (value("--random-input-len"), value("--random-output-len")) == ("1024", "128")
+    assert (value("--num-prompts"), value("--max-concurrency"), value("--seed")) == ("320", "64", "7")
+    assert (value("--result-dir"), value("--result-filename")) == ("/out", "r.json")
+    assert "--ignore-eos" in args and value("--temperature") == "0" and "--save-result" in args
+    assert "--random-prefix-len" not in args  # no shared prefix, and no --request-rate: all queued at once
+    assert "--request-rate" not in args
+
+
+def test_bench_args_parse_with_vllms_own_parser():
+    """The command line is what `vllm bench serve` accepts (the installed vLLM's parser)."""
+    pytest.importorskip("vllm.benchmarks.serve")
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = vllm_bench.bench_args(
+        "http://h:1", "m", "/tok", WORKLOADS["shared-prefix"], 4, 8, 3, "/o", "f.json"
+    )
+    parsed = parser.parse_args(args)
+    assert (parsed.random_prefix_len, parsed.random_input_len, parsed.max_concurrency) == (1024, 64, 4)
+    assert parsed.ignore_eos and parsed.save_result and parsed.temperature == 0
+
+
+def test_from_result_keeps_vllms_medians_under_our_names():
+    result = {"median_ttft_ms": 40.0, "median_tpot_ms": 5.0, "output_throughput": 190.0, "completed": 30}
+    ours = vllm_bench.from_result(result)
+    assert (ours["ttft_p50_ms"], ours["tpot_p50_ms"], ours["output_tokens_per_s"]) == (40.0, 5.0, 190.0)
+    assert ours["itl_p50_ms"] is None  # not in this result: None, not a guess
+
+
+def test_with_output_len():
+    w = WORKLOADS["short"]
+    assert w.with_output_len(None) is w
+    assert w.with_output_len(16) == Workload("short", 50, 16, 0, w.description)
+
+
+def test_our_prompts_are_distinct_per_round_and_share_the_cells_prefix():
+    w = WORKLOADS["shared-prefix"]
+    a, b = our_prompts(w, 3, seed=1), our_prompts(w, 3, seed=2)
+    assert len(set(a)) == 3 and not set(a) & set(b)
+    assert a[0].split()[:2] != b[0].split()[:2]  # rounds differ from the first words: no prefix reuse
+    shared = os.path.commonprefix(a)
+    assert len(shared.split()) >= w.prefix_len  # the cell's requests share the prefix
+    assert all(len(p.split()) >= w.prefix_len + w.input_len for p in a)
+
+
+def test_cpu_per_token():
+    assert cpu_per_token({"frontend": 0.5, "engine": 2.0}, 1000) == {
+        "frontend_cpu_us_per_token": 500.0,
+        "engine_cpu_us_per_token": 2000.0,
+    }
+    assert cpu_per_token({"engine": 1.0}, 0) == {"engine_cpu_us_per_token": None}
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([3.0, 1.0, 2.0], {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}),
+        ([4.0, 1.0], {"median": 2.5, "min": 1.0, "max": 4.0, "n": 2}),
+        ([5.0, None], {"median": 5.0, "min": 5.0, "max": 5.0, "n": 1}),
+        ([None], None),
+        ([], None),
+    ],
+)
+def test_spread(values, expected):
+    assert spread(values) == expected
+
+
+def m(server, r, ttft, tput, workload="random-1024", c=1, client=VLLM_BENCH, **extra):
+    """One measurement: TTFT p50 and throughput as given, TPOT 5 ms."""
+    return {"workload": workload, "concurrency": c, "client": client, "server": server, "round": r,
+            "ttft_p50_ms": ttft, "tpot_p50_ms": 5.0, "output_tokens_per_s": tput, **extra}  # fmt: skip
+
+
+def test_aggregate_pairs_rounds_and_gives_median_with_min_max():
+    ms = [
+        m(BARE, 0, 40.0, 200.0), m(HEADROOM, 0, 42.0, 190.0),
+        m(BARE, 1, 50.0, 180.0), m(HEADROOM, 1, 51.0, 180.0),
+        m(BARE, 2, 45.0, 100.0), m(HEADROOM, 2, 49.0, 99.0),
+        m(HEADROOM, 3, 99.0, 1.0),  # a round bare never ran: in headroom's spread, not in any pair
+    ]  # fmt: skip
+    (row,) = aggregate(ms, [BARE, HEADROOM])
+    assert row[BARE]["ttft_p50_ms"] == {"median": 45.0, "min": 40.0, "max": 50.0, "n": 3}
+    assert row[HEADROOM]["ttft_p50_ms"]["n"] == 4
+    cmp = row["comparison"][HEADROOM]
+    assert cmp["ttft_p50_delta_ms"] == {"median": 2.0, "min": 1.0, "max": 4.0, "n": 3}
+    assert cmp["throughput_ratio"] == {"median": 0.99, "min": 0.95, "max": 1.0, "n": 3}
+    assert cmp["tpot_p50_ratio"]["median"] == 1.0
+    assert cmp["engine_cpu_us_per_token_ratio"] is None  # not measured here
+
+
+def test_aggregate_keeps_cells_and_clients_apart_and_sorted():
+    ms = [
+        m(BARE, 0, 10.0, 1.0, c=64), m(HEADROOM, 0, 11.0, 1.0, c=64),
+        m(BARE, 0, 1.0, 1.0, c=1), m(HEADROOM, 0, 2.0, 1.0, c=1),
+        m(BARE, 0, 3.0, 1.0, c=1, client=OUR_CLIENT), m(HEADROOM, 0, 5.0, 1.0, c=1, client=OUR_CLIENT),
+    ]  # fmt: skip
+    rows = aggregate(ms, [BARE, HEADROOM])
+    assert [(r["client"], r["concurrency"]) for r in rows] == [
+        (OUR_CLIENT, 1),
+        (VLLM_BENCH, 1),
+        (VLLM_BENCH, 64),
+    ]
+    assert [r["comparison"][HEADROOM]["ttft_p50_delta_ms"]["median"] for r in rows] == [2.0, 1.0, 1.0]
+
+
+def test_targets_judge_the_lowest_and_next_concurrencies():
+    ms = [m(BARE, 0, 40.0, 100.0, c=1), m(HEADROOM, 0, 42.5, 100.0, c=1)]  # +2.5 ms: met
+    ms += [m(BARE, 0, 700.0, 3300.0, c=64), m(HEADROOM, 0, 760.0, 3200.0, c=64)]  # 97%, TTFT +8.6%
+    ms += [m(BARE, 0, 900.0, 3400.0, c=128), m(HEADROOM, 0, 900.0, 3390.0, c=128)]  # 99.7%
+    ms += [m(BARE, 0, 1.0, 1.0, c=256), m(HEADROOM, 0, 1.0, 0.5, c=256)]  # not judged
+    result = targets(aggregate(ms, [BARE, HEADROOM]))
+    assert result == {
+        "random-1024: TTFT p50 added at c=1 <= 3 ms": True,
+        "random-1024: throughput at c=64 >= 98% of bare": False,
+        "random-1024: throughput at c=128 >= 98% of bare": True,
+        "random-1024: TTFT p50 at c=64 within 5% of bare": False,
+    }
+
+
+def test_targets_say_not_measured_rather_than_guess():
+    ms = [m(BARE, 0, 40.0, 100.0, c=1), m(HEADROOM, 1, 42.0, 100.0, c=1)]  # never in the same round
+    assert targets(aggregate(ms, [BARE, HEADROOM])) == {"random-1024: TTFT p50 added at c=1 <= 3 ms": None}
+
+
+@pytest.mark.parametrize(
+    ("time_left", "swap_due", "expected"),
+    [
+        (500, True, "swap"),  # 100 s restart + 200 s round fit
+        (250, True, "round"),  # the swap does not fit, a round on the same GPUs does
+        (250, False, "round"),
+        (150, True, "stop"),
+        (150, False, "stop"),
+    ],
+)
+def test_next_round(time_left, swap_due, expected):
+    assert next_round(time_left, round_s=200, restart_s=100, swap_due=swap_due) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("fast:OMP_NUM_THREADS=1", ("fast", {"OMP_NUM_THREADS": "1"})),
+        ("quiet-log:A=1,B=", ("quiet-log", {"A": "1", "B": ""})),
+        ("none:", ("none", {})),
+    ],
+)
+def test_parse_variant(text, expected):
+    assert parse_variant(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", ":A=1", "a b:A=1", "x:A", "x:=1"])
+def test_parse_variant_refuses_malformed(text):
+    with pytest.raises(ValueError, match="variant"):
+        parse_variant(text)
+
+
+def test_app_names():
+    assert (app_name_for(""), app_name_for("/fast")) == ("headroom", "headroom-fast")
+
+
+def test_fmt():
+    assert fmt(None, 1) == "-"
+    assert fmt({"median": 1.25, "min": 1.0, "max": 2.0, "n": 1}, 1) == "1.2"
+    assert fmt({"median": 1234.5, "min": 1000.0, "max": 2000.0, "n": 3}, 0) == "1,234 [1,000, 2,000]"
+
+
+def test_markdown_report_has_every_cell_target_and_the_command():
+    ms = [m(BARE, r, 40.0 + r, 100.0) for r in range(3)] + [m(HEADROOM, r, 42.0 + r, 99.0) for r in range(3)]
+    rows = aggregate(ms, [BARE, HEADROOM])
+    report = {
+        "machine": "x86_64, 2 CPUs",
+        "versions": {"vllm": "0.32.0", "ray": "2.60.0", "python": "3.11"},
+        "model": "tiny-qwen3",
+        "engine_flags": ["--model", "/m"],
+        "bare_engine_flags": ["--model", "/m"],
+        "layout": "both servers up at once",
+        "variants": {},
+        "workloads": {"random-1024": vars(WORKLOADS["random-1024"])},
+        "prompts": {"random-1024 c=1": 30},
+        "rounds_planned": 3,
+        "rounds_done": 3,
+        "elapsed_s": 100.0,
+        "notes": [],
+        "results": rows,
+        "targets": {HEADROOM: targets(rows)},
+        "starts": [{"server": BARE, "gpu": None, "ready_s": 60.0}],
+        "memory": [],
+        "command": "python -m loadtests.bench_overhead --env local",
+        "vllm_bench_commands": {"vllm random-1024 c=1": "vllm bench serve --seed 1"},
+    }
+    text = markdown(report)
+    assert "| 1 | headroom | 2.0 [2.0, 2.0] |" in text  # TTFT added, paired per round
+    assert "random-1024: TTFT p50 added at c=1 <= 3 ms: met" in text
+    assert "`python -m loadtests.bench_overhead --env local`" in text
+    assert "`vllm bench serve --seed 1`" in text
+
+
+def test_identity_flags_keep_the_model_and_context_and_drop_engine_settings():
+    flags = ["--model", "/m", "--served-model-name", "q", "--dtype", "auto", "--max-model-len", "8192",
+             "--load-format", "dummy", "--max-num-seqs", "96", "--enable-prefix-caching",
+             "--gpu-memory-utilization", "0.9"]  # fmt: skip
+    assert identity_flags(flags) == [
+        "--model", "/m", "--served-model-name", "q", "--max-model-len", "8192", "--load-format", "dummy"
+    ]  # fmt: skip
+
+
+def test_bench_command_line_defaults_and_refusals(capsys):
+    from loadtests.bench_overhead import matrix, parse_args
+
+    args = parse_args(["--env", "local", "--concurrency", "1", "8", "--num-prompts", "1:10", "--waves", "3"])
+    assert (args.bare_flags, args.rounds, args.workloads) == (
+        "same",
+        3,
+        ["random-1024", "short", "shared-prefix"],
+    )
+    cells = matrix(args)
+    assert [(c.workload.name, c.concurrency, c.num_prompts) for c in cells[:2]] == [
+        ("random-1024", 1, 10),
+        ("random-1024", 8, 30),  # 3 waves of 8, at least min_prompts (30)
+    ]
+    for argv, message in (
+        (["--concurrent"], "--concurrent needs --gpus with two GPUs"),
+        (["--gpus", "0", "--variant", "x:A=1"], "--variant needs both servers up at once"),
+        (["--bare-flags", "defaults"], "invalid choice"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_diag_command_line_defaults_span_the_graph_ceiling():
+    from loadtests.overhead_diag import parse_args
+
+    lengths = parse_args([]).lengths  # prompt tokens, on both sides of vLLM's 512-token graph ceiling
+    below, above = [n for n in lengths if n <= 512], [n for n in lengths if n > 512]
+    assert min(below) <= 64 and max(below) >= 400 and min(above) <= 640 and max(above) >= 1024
