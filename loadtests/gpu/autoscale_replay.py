@@ -1,21 +1,24 @@
 """The simulator against real GPUs: one trace replayed on a headroom deployment with the policy on (min 1,
-max 2 replicas), and the simulator's prediction for the same arrivals and start-up time.
+max --max-replicas, one per GPU), and the simulator's prediction for the same arrivals and start-up time.
 
-    python -m loadtests.gpu.autoscale_replay --out OUT [--config configs/base.yaml ...] [--predict-only]
+    python -m loadtests.gpu.autoscale_replay --out OUT [--max-replicas N] [--config ...] [--predict-only]
 
 1. The trace: the --duration-s of the synthetic production-format trace (autoscale/scenarios.py) with the
    highest peak against its mean, peaking in its middle third, arrivals per 10 s as open-loop rate steps,
-   scaled so its peak needs about 1.4 replicas of the simulated capacity for --prompt-tokens/--max-tokens.
-2. The run: Ray Serve with the policy as configs/prod.yaml sets it (bounds min 1, max 2); Locust's open-loop
-   shape (loadtests/shapes.py: the same arrival schedule for the same seed) sends the requests, random
-   prompts of --prompt-tokens and exactly --max-tokens output (ignore_eos); Serve's replica states are
-   polled each second.
+   scaled so its peak needs --peak-replicas (default 0.55 x --max-replicas, at least 0.9) replicas of the
+   simulated capacity for --prompt-tokens/--max-tokens. With one GPU (max 1) nothing scales: the run then
+   checks the simulator's latency model alone, one replica loaded up to 0.9 of its capacity.
+2. The run: Ray Serve with the policy as configs/prod.yaml sets it (min 1, max --max-replicas); Locust's
+   open-loop shape (loadtests/shapes.py: the same arrival schedule for the same seed) sends the requests,
+   random prompts of --prompt-tokens and exactly --max-tokens output (ignore_eos); Serve's replica states
+   are polled each second.
 3. The comparison: TTFT attainment (requests with TTFT within slo.ttft_p95_ms, failures missed) and
    replica-seconds over the trace, measured and simulated on the same arrivals (workloads.arrival_times),
    with the configured start-up and with the start-up this run measured.
 
-Writes autoscale_replay.json and report.md. One 10-minute `device` call on an nvidia-h200-x2 machine
-(`bash loadtests/gpu/run.sh replay`); with a cold compile cache the first replica takes ~4 minutes.
+Writes autoscale_replay.json (first with the prediction alone, so a run cut short still leaves it) and
+report.md. One 10-minute `device` call (`bash loadtests/gpu/run.sh replay`: max replicas = the machine's
+GPUs; nvidia-h200-x2 for the policy to scale); with a cold compile cache the first replica takes ~4 minutes.
 """
 
 from __future__ import annotations
@@ -112,13 +115,13 @@ def deployment_for(cfg: HeadroomConfig) -> Deployment:
     )
 
 
-def replay_config(base: HeadroomConfig) -> HeadroomConfig:
+def replay_config(base: HeadroomConfig, max_replicas: int) -> HeadroomConfig:
     prod = load_config_files(ROOT / "configs/base.yaml", ROOT / "configs/prod.yaml").deployment.autoscaling
     assert prod is not None
     settings = {
         **prod.model_dump(mode="json"),
         "min_replicas": 1,
-        "max_replicas": 2,
+        "max_replicas": max_replicas,
         "initial_replicas": None,
     }
     return variant(base, {"name": APP, "deployment": {"num_replicas": None, "autoscaling": settings}})
@@ -233,7 +236,8 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         "# Autoscaling replay: simulator against H200s",
         "",
-        f"Trace: {result['trace']}. Policy: configs/prod.yaml's settings, min 1 / max 2 replicas; "
+        f"Trace: {result['trace']}. Policy: configs/prod.yaml's settings, min 1 / max "
+        f"{result['max_replicas']} replicas; "
         f"TTFT target {result['ttft_target_ms']:.0f} ms. Command: `{result['command']}`.",
         "",
         "| | TTFT within target | replica-seconds | start-up s |",
@@ -256,16 +260,25 @@ def main() -> None:
     ap.add_argument("--duration-s", type=float, default=240.0)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--peak-replicas", type=float, default=1.4, help="the trace's peak in simulated replicas")
+    ap.add_argument("--max-replicas", type=int, default=2, help="the policy's bound: one replica per GPU")
+    ap.add_argument(
+        "--peak-replicas",
+        type=float,
+        default=None,
+        help="the trace's peak in simulated replicas; default 0.55 x max, at least 0.9",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--predict-only", action="store_true", help="no GPUs: the trace and the prediction")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    cfg = replay_config(load_config_files(*args.config))
+    if args.max_replicas < 1:
+        ap.error(f"--max-replicas must be at least 1, got {args.max_replicas}")
+    peak_replicas = max(0.9, 0.55 * args.max_replicas) if args.peak_replicas is None else args.peak_replicas
+    cfg = replay_config(load_config_files(*args.config), args.max_replicas)
     dep = deployment_for(cfg)
     rates = window_rates(args.duration_s)
     capacity = one_replica_capacity(dep, args.prompt_tokens, args.max_tokens)
-    rates = rates * (args.peak_replicas * capacity / rates.max())
+    rates = rates * (peak_replicas * capacity / rates.max())
     steps = steps_spec(rates)
     arrivals = [a.at_s for a in workloads.arrival_times(workloads.parse_steps(steps), seed=args.seed)]
     result: dict[str, Any] = {
@@ -274,9 +287,11 @@ def main() -> None:
         f"requests of {args.prompt_tokens}/{args.max_tokens} tokens, peak {rates.max():.1f} rps (one "
         f"simulated replica: {capacity:.1f})",
         "ttft_target_ms": dep.ttft_target_ms,
+        "max_replicas": args.max_replicas,
         "arrival_rate_steps": steps,
         "predicted_configured_startup": predict(dep, arrivals, args, dep.settings.replica_startup_s),
     }
+    (args.out / "autoscale_replay.json").write_text(json.dumps(result, indent=2, default=str))
     if not args.predict_only:
         result["measured"] = run_on_gpus(cfg, steps, args)
         startup = result["measured"]["startup_s"]
@@ -285,7 +300,7 @@ def main() -> None:
         sim = result.get("predicted_measured_startup", result["predicted_configured_startup"])
         result["attainment_gap_pp"] = round(100 * (sim["attainment"] - result["measured"]["attainment"]), 2)
         (args.out / "report.md").write_text(report(result))
-    (args.out / "autoscale_replay.json").write_text(json.dumps(result, indent=2, default=str))
+        (args.out / "autoscale_replay.json").write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps({k: v for k, v in result.items() if k != "measured"}, indent=2, default=str)[:3000])
 
 

@@ -7,7 +7,7 @@
 #   bash loadtests/gpu/run.sh overhead   # bare vllm serve vs headroom, vllm bench serve, c = 1/64/128/256
 #   bash loadtests/gpu/run.sh scale      # autoscaler step load; 2 replicas vs TP=2 (both GPUs)
 #   bash loadtests/gpu/run.sh ladder 1   # headroom ladder, first half of its 12 engines; then `ladder 2`
-#   bash loadtests/gpu/run.sh replay     # a trace replayed with the autoscaler on (1-2 replicas) vs the simulator
+#   bash loadtests/gpu/run.sh replay     # a trace replayed with the autoscaler on (1 replica per GPU) vs the simulator
 set -euo pipefail
 phase=${1:?usage: run.sh diag|overhead|scale|ladder 1|2|replay}
 name=$phase
@@ -90,8 +90,12 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
     ray stop --force >/dev/null || true
     ;;
   replay)
-    python3 -m loadtests.gpu.autoscale_replay --config "${config[@]}" --out "$work" \
-      --duration-s "${REPLAY_S:-240}"
+    # The policy on, min 1 / max one replica per GPU; cut at REPLAY_TIMEOUT_S so the archive is still packed
+    # (the prediction is written first).
+    timeout -s TERM "${REPLAY_TIMEOUT_S:-560}" python3 -m loadtests.gpu.autoscale_replay --config "${config[@]}" \
+      --out "$work" --duration-s "${REPLAY_S:-240}" --max-replicas "${REPLAY_MAX_REPLICAS:-$(nvidia-smi -L | wc -l)}" \
+      > "$work/replay.log" 2>&1 || true
+    tail -40 "$work/report.md" 2>/dev/null || tail -40 "$work/replay.log"
     ;;
   *) echo "unknown phase $phase (diag | overhead | scale | ladder 1|2 | replay)" >&2; exit 2 ;;
 esac
