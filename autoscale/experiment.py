@@ -167,7 +167,8 @@ def _record(spec: TraceSpec, r: SimResult) -> dict[str, Any]:
 def smallest_static(spec: TraceSpec, dep: Deployment) -> dict[str, Any]:
     """The smallest static fleet reaching 99% on the trace, by search from a first guess."""
     trace = build_trace(spec)
-    guess = max(1, math.ceil(trace.peak_rps(60.0) / 16.0))
+    # About what a replica serves of the default mix (scenarios.py): the search starts near the answer.
+    guess = max(1, math.ceil(trace.peak_rps(60.0) / 21.0))
     results: dict[int, SimResult] = {}
 
     def attain(n: int) -> float:
