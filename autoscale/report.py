@@ -80,8 +80,17 @@ def write_report(payload: Mapping[str, Any], path: Path) -> None:
     dep = payload["deployment"]
     checks = payload["checks"]
     mark = {True: "PASS", False: "FAIL", None: "n/a"}
+    missed = [f"{c['trace']}: {c['name']}" for c in checks if c["passed"] is False]
+    judged = sum(1 for c in checks if c["passed"] is not None)
+    verdict = (
+        f"**The shipped configuration misses {len(missed)} of {judged} targets**: {'; '.join(missed)}."
+        if missed
+        else f"The shipped configuration meets all {judged} targets."
+    )
     lines = [
         "# Autoscaler benchmark (simulated)",
+        "",
+        verdict,
         "",
         f"Command: `make bench-autoscale` (`{payload['command']}`), {payload['wall_s']:.0f} s. Judging seeds "
         f"{payload['judging_seeds'][0]}-{payload['judging_seeds'][-1]}; nothing here was tuned on them.",

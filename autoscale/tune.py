@@ -9,7 +9,7 @@ production-format trace are never run here). A configuration's score, the same f
 better; then the share of all their requests under the TTFT target; then the mean replica-hours against
 the smallest static fleet that reaches 99%, less is better. The best of each family goes to
 ``tuning.json``: the benchmark judges Ray's with those knobs, and headroom's chosen settings are what
-configs/prod.yaml and the AutoscalingSettings defaults ship (the report shows both).
+configs/prod.yaml ships (the report shows both).
 
 Runs are cached in ``tuning_runs.jsonl`` (one line per run) so an interrupted tuning resumes.
 """
