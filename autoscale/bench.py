@@ -168,7 +168,7 @@ def check_targets(summary: Mapping[str, Mapping[str, Any]]) -> list[Check]:
                 kind,
                 "as many requests under target as Ray's tuned default at <= its replica-hours",
                 beats,
-                f"{att:.2%} vs {ray['attainment']:.2%}; "
+                f"{att:.2%} vs {ray['attainment']:.2%} ({ours['missed']} vs {ray['missed']} missed); "
                 f"{ours['replica_hours']:.1f} vs {ray['replica_hours']:.1f} replica-h",
             )
         )

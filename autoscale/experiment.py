@@ -94,9 +94,15 @@ def load_deployment(
         ttft_target_ms=float(data["ttft_target_ms"]),
         limits=EngineLimits(**data["limits"]),
         cost=load_calibration(calibration).cost,
-        calibration=str(calibration),
+        calibration=_repo_relative(Path(calibration)),
         source=data,
     )
+
+
+def _repo_relative(path: Path) -> str:
+    """The path as the result files name it: from the repository root when it lies inside it."""
+    root, full = Path(__file__).resolve().parents[1], path.resolve()
+    return str(full.relative_to(root)) if full.is_relative_to(root) else str(path)
 
 
 @dataclass(frozen=True)
@@ -233,6 +239,8 @@ def pooled(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     hours = [r["replica_hours"] for r in records]
     return {
         "seeds": len(records),
+        "requests": requests,
+        "missed": round(requests - under),
         "attainment": under / requests if requests else 1.0,
         "attainment_min": min(atts),
         "attainment_max": max(atts),

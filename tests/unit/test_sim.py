@@ -280,6 +280,8 @@ def test_deployment_inputs_match_the_configs() -> None:
 def pooled_row(att: float, hours: float, dirs: int = 0) -> dict[str, Any]:
     return {
         "seeds": 10,
+        "requests": 1000,
+        "missed": round(1000 * (1 - att)),
         "attainment": att,
         "attainment_min": att,
         "attainment_max": att,
