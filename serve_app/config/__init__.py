@@ -20,6 +20,7 @@ from serve_app.config.schema import (
     SLOSection,
     SpeculativeSection,
 )
+from serve_app.config.security import SecuritySection
 from serve_app.config.workload import WorkloadSection
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "ModelSection",
     "ResourcesSection",
     "SLOSection",
+    "SecuritySection",
     "SpeculativeSection",
     "WorkloadSection",
     "available_envs",

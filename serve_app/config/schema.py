@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from autoscale.settings import AutoscalingSettings
 from serve_app.config.errors import choices, raise_if
+from serve_app.config.security import SecuritySection
 from serve_app.config.vocabulary import (
     APP_NAME_PATTERN,
     DRAFT_CHECKPOINT_METHODS,
@@ -507,6 +508,10 @@ class HeadroomConfig(BaseModel):
     resources: ResourcesSection = Field(
         default_factory=ResourcesSection,
         description="Hardware each replica runs on: accelerator, GPU type and memory, CPUs.",
+    )
+    security: SecuritySection = Field(
+        default_factory=SecuritySection,
+        description="What the deployment exposes: API keys, routes, request limits, overload refusal.",
     )
     workload: WorkloadSection = Field(default_factory=WorkloadSection, description=WorkloadSection.__doc__)
 

@@ -66,3 +66,18 @@ SERVED_NAME_HINT = "1 to 128 characters from letters, digits and . _ / : -"
 APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 """A Serve application name that is a valid route prefix too (also the ladder's --app-name)."""
 APP_NAME_HINT = "1 to 63 characters from lowercase letters, digits and '-', not starting with '-'"
+
+# --- network security -----------------------------------------------------------------------------------
+MetricsAccess = Literal["open", "api_key"]
+"""Who may read a replica's /metrics: anyone (Prometheus without credentials) or API-key holders only."""
+
+OptionalRouteGroup = Literal["tokenize", "docs"]
+"""Routes of vLLM's app a config may open beside the OpenAI ones: /tokenize + /detokenize, and the
+OpenAPI document with its pages (/openapi.json, /docs, /redoc)."""
+OPTIONAL_ROUTE_GROUPS: tuple[str, ...] = typing.get_args(OptionalRouteGroup)
+
+OverloadStatus = Literal[429, 503]
+"""The status of a request refused because its replica's queue is full (both carry Retry-After)."""
+
+ENV_VAR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+ENV_VAR_NAME_HINT = "the NAME of an environment variable: letters, digits and '_', not starting with a digit"

@@ -25,6 +25,9 @@ TOKEN_PLACES = (
     "~/.ray/auth_token (`ray get-auth-token` prints it on the head node)"
 )
 TOKEN_SETTINGS = f"set RAY_AUTH_MODE=token and put {TOKEN_PLACES}"
+# The API key the readiness probe and the smoke load send to an app with security.api_keys: the variable the
+# openai client and loadtests' Locust users read.
+API_KEY_ENV = "OPENAI_API_KEY"
 TOKEN_AUTH_DOCS = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
 
 
@@ -238,13 +241,22 @@ class ServeCluster:
 
     def probe(self, base_url: str, model: str | None) -> str | None:
         """None when {base_url}/v1/models answers 200 (listing `model`), else what is wrong. This is Serve's
-        HTTP port, not the dashboard: no Ray token is sent there."""
+        HTTP port, not the dashboard: no Ray token is sent there, but the app's API key is, from
+        $OPENAI_API_KEY (as the openai client and the smoke load read it) when the app requires keys."""
         import httpx
 
+        key = os.environ.get(API_KEY_ENV)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            response = httpx.get(f"{base_url}/v1/models", timeout=10)
+            response = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=10)
         except httpx.HTTPError as err:
             return f"{base_url}/v1/models: {type(err).__name__}: {err}"
+        if response.status_code == 401:
+            return (
+                f"{base_url}/v1/models answered 401: the app requires an API key (security.api_keys); set "
+                f"{API_KEY_ENV} to one of its keys for the readiness probe and the smoke load"
+                + (" (the one set was refused)" if key else "")
+            )
         if response.status_code != 200:
             return f"{base_url}/v1/models answered {response.status_code}"
         if model is not None:

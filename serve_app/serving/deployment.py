@@ -7,6 +7,8 @@ OpenAI server app. `serve_app.app:build_app` (the import path users and rendered
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -23,10 +25,21 @@ from serve_app.config import HeadroomConfig, load_config_files, load_env_config,
 from serve_app.models.resolve import resolve_models
 from serve_app.planning.from_config import planning_cluster, require_fit
 from serve_app.planning.placement import ClusterSpec
+from serve_app.serving.asgi import ReplicaASGI
 from serve_app.serving.engine import build_openai_app, parse_serve_args, start_engine
 from serve_app.serving.engine_args import PlannedEngine, plan_engine, vllm_cli_args
 from serve_app.serving.metrics import ServingMetrics
+from serve_app.serving.request_guard import read_api_keys
 from serve_app.serving.serve_options import deployment_options, restore_vllm_serve_env
+
+logger = logging.getLogger(__name__)
+
+# A replica whose engine died waits up to DEAD_ENGINE_GRACE_S for its requests in flight to get their
+# error responses, answers what still arrives with 503 + Retry-After for DEAD_ENGINE_LINGER_S more (HAProxy
+# routes to it until it is gone), then exits. The linger is well under Retry-After (>= 1 s), so that the
+# retries of those requests find the replica gone, and HAProxy sends them elsewhere.
+DEAD_ENGINE_GRACE_S = 2.0
+DEAD_ENGINE_LINGER_S = 0.2
 
 
 @serve.ingress()
@@ -35,9 +48,16 @@ class LLMServer:
 
     async def __init__(self, config: dict[str, Any], planned: dict[str, Any]):
         cfg = parse_config(config, source="deployment")
+        self._security = cfg.security
+        # Read here, where the replica runs: the keys are in no config, Serve option or log.
+        source = cfg.security.api_keys
+        self._api_keys = read_api_keys(source, os.environ) if source is not None else None
         # Resolved here, not on the driver: the replica's node has its own model cache.
         models = resolve_models(cfg)
-        self._args = parse_serve_args(vllm_cli_args(cfg, models, PlannedEngine(**planned)))
+        engine = PlannedEngine(**planned)
+        self._args = parse_serve_args(vllm_cli_args(cfg, models, engine))
+        overload = cfg.security.overload
+        self._admission_bound = overload.admission_bound(engine.max_num_seqs) if overload else None
         ctx = serve.get_replica_context()
         window_s = cfg.deployment.autoscaling.window_s if cfg.deployment.autoscaling else 30.0
         self._metrics = ServingMetrics(
@@ -51,10 +71,16 @@ class LLMServer:
         )
         # The engine core starts from this process: with `vllm serve`'s environment, not Ray's defaults.
         restore_vllm_serve_env(os.environ, environ_at_start())
-        self._engine = await start_engine(self._args, self._metrics)
+        self._engine = await start_engine(self._args, self._metrics, cfg.security.limits)
+        self._asgi: ReplicaASGI | None = None
+        self._stopping = False
+        self._engine_watch = asyncio.get_running_loop().create_task(self._exit_when_engine_dies())
 
     async def __serve_build_asgi_app__(self):
-        return await build_openai_app(self._engine, self._args, self._metrics)
+        self._asgi = await build_openai_app(
+            self._engine, self._args, self._metrics, self._security, self._api_keys, self._admission_bound
+        )
+        return self._asgi
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """What the autoscaling policy reads for this replica (autoscale/replica_stats.py)."""
@@ -64,7 +90,27 @@ class LLMServer:
         # Raises once the engine core process is gone, so Serve replaces this replica.
         await self._engine.check_health()
 
+    async def _exit_when_engine_dies(self) -> None:
+        """A replica whose engine core died exits at once, rather than at Serve's next health check: its
+        requests in flight get their errors, and then HAProxy, finding the port closed, sends every later
+        request to another replica (retry-on conn-failure) while Serve starts a replacement."""
+        await asyncio.to_thread(self._engine.wait_for_engine_core_exit)
+        if self._stopping:
+            return
+        if self._asgi is not None:
+            self._asgi.engine_dead = True  # requests arriving meanwhile get 503 + Retry-After
+        self._engine.stop_dead_engine()
+        deadline = time.monotonic() + DEAD_ENGINE_GRACE_S
+        while self._asgi is not None and self._asgi.generating and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(DEAD_ENGINE_LINGER_S)
+        logger.error("engine core died; replica exiting so that Serve replaces it")
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(1)
+
     def __del__(self):
+        self._stopping = True
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator
 from multiprocessing.connection import wait as wait_for_sentinels
 
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMValidationError
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -23,8 +24,10 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from autoscale.replica_stats import EngineStats
-from serve_app.serving.asgi import ReplicaASGI
+from serve_app.config.security import RequestLimits, SecuritySection
+from serve_app.serving.asgi import ReplicaASGI, request_path
 from serve_app.serving.metrics import ServingMetrics, request_started_at
+from serve_app.serving.request_guard import Route, open_routes
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,8 @@ def parse_serve_args(flags: list[str]) -> argparse.Namespace:
 
 
 class InstrumentedAsyncLLM(AsyncLLM):
-    """AsyncLLM that reports each finished request's TTFT, TPOT and token count to headroom's metrics.
+    """AsyncLLM that applies the config's token limits and reports each finished request's TTFT, TPOT and
+    token count to headroom's metrics.
 
     It reads the timestamps the engine already keeps on every output (RequestOutput.metrics), so there is
     no per-token work here, and it works alike for streaming and non-streaming requests (where the first
@@ -57,8 +61,35 @@ class InstrumentedAsyncLLM(AsyncLLM):
     """
 
     serving_metrics: ServingMetrics | None = None
+    request_limits: RequestLimits | None = None
 
-    async def generate(self, *args, **kwargs) -> AsyncGenerator:  # type: ignore[override]
+    def generate(self, prompt, sampling_params, *args, **kwargs) -> AsyncGenerator:  # type: ignore[override]
+        # A plain method, so that a prompt over the limit raises while vLLM's handler is still choosing its
+        # response: a 400, even for a stream (an error inside the stream would follow a 200).
+        if self.request_limits is not None:
+            self._apply_limits(self.request_limits, prompt, sampling_params)
+        return self._instrumented(prompt, sampling_params, *args, **kwargs)
+
+    @staticmethod
+    def _apply_limits(limits: RequestLimits, prompt, sampling_params) -> None:
+        """Refuses a prompt over max_prompt_tokens (tokens are known only after the chat template) and caps
+        the output of requests that did not ask for a length (a request that did was checked on arrival)."""
+        if limits.max_prompt_tokens is not None:
+            token_ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
+            token_ids = getattr(prompt, "prompt_token_ids", token_ids)
+            if token_ids is not None and len(token_ids) > limits.max_prompt_tokens:
+                param = "messages" if request_path.get() == "/v1/chat/completions" else "prompt"
+                raise VLLMValidationError(
+                    f"the prompt is {len(token_ids)} tokens; this server accepts at most "
+                    f"{limits.max_prompt_tokens} (security.limits.max_prompt_tokens)",
+                    parameter=param,
+                    value=len(token_ids),
+                )
+        max_tokens = getattr(sampling_params, "max_tokens", None)
+        if limits.max_tokens is not None and max_tokens is not None and max_tokens > limits.max_tokens:
+            sampling_params.max_tokens = limits.max_tokens
+
+    async def _instrumented(self, *args, **kwargs) -> AsyncGenerator:
         http_started = request_started_at.get()
         first_token_seen = False
         async for output in super().generate(*args, **kwargs):
@@ -75,16 +106,36 @@ class InstrumentedAsyncLLM(AsyncLLM):
                     self.serving_metrics.request_generated(tpot, n)
             yield output
 
+    def _engine_core_processes(self) -> list:
+        manager = getattr(self.engine_core.resources, "engine_manager", None)
+        return list(getattr(manager, "processes", ()))
+
     def ended_engine_cores(self) -> dict[str, int | None]:
         """This engine's engine-core processes that have ended, with their exit codes where known.
 
         Read from each process's sentinel (a pipe that closes when it exits), not its exit code: in a Ray
         worker children are reaped automatically, so their exit codes are never collected (None).
         """
-        manager = getattr(self.engine_core.resources, "engine_manager", None)
-        processes = list(getattr(manager, "processes", ()))
+        processes = self._engine_core_processes()
         ended = set(wait_for_sentinels([p.sentinel for p in processes], timeout=0))
         return {p.name: p.exitcode for p in processes if p.sentinel in ended}
+
+    def wait_for_engine_core_exit(self) -> None:
+        """Blocks until an engine-core process ends (run it in a thread)."""
+        processes = self._engine_core_processes()
+        if processes:
+            wait_for_sentinels([p.sentinel for p in processes])
+
+    def stop_dead_engine(self) -> None:
+        """Marks the engine dead and fails the requests in flight with EngineDeadError (vLLM answers them
+        with a 500), as vLLM's own monitor thread would have."""
+        if not self.engine_core.resources.engine_dead:
+            logger.error(
+                "engine core process ended unexpectedly %s; shutting the engine down",
+                self.ended_engine_cores(),
+            )
+            self.engine_core.resources.engine_dead = True
+            self.engine_core.shutdown()
 
     async def check_health(self) -> None:
         """vLLM's check, after making sure a dead engine core is noticed.
@@ -95,11 +146,8 @@ class InstrumentedAsyncLLM(AsyncLLM):
         the engine looks healthy forever. Here the health check looks at the processes itself and, when
         one has ended, does what the monitor would have done.
         """
-        ended = self.ended_engine_cores()
-        if ended and not self.engine_core.resources.engine_dead:
-            logger.error("engine core process ended unexpectedly %s; shutting the engine down", ended)
-            self.engine_core.resources.engine_dead = True
-            self.engine_core.shutdown()  # fails the requests in flight with EngineDeadError
+        if self.ended_engine_cores():
+            self.stop_dead_engine()
         await super().check_health()
 
 
@@ -134,7 +182,9 @@ def engine_stats_logger(stats: EngineStats) -> type[StatLoggerBase]:
     return EngineStatsLogger
 
 
-async def start_engine(args: argparse.Namespace, metrics: ServingMetrics) -> InstrumentedAsyncLLM:
+async def start_engine(
+    args: argparse.Namespace, metrics: ServingMetrics, limits: RequestLimits | None = None
+) -> InstrumentedAsyncLLM:
     """Starts the engine as `vllm serve` would, with vLLM's metrics exported through Ray."""
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
@@ -146,11 +196,35 @@ async def start_engine(args: argparse.Namespace, metrics: ServingMetrics) -> Ins
         disable_log_stats=engine_args.disable_log_stats,
     )
     engine.serving_metrics = metrics
+    engine.request_limits = limits
     return engine
 
 
+def restrict_routes(app, routes: dict[str, Route], docs_open: bool) -> None:
+    """Checks that every route headroom opens exists in vLLM's app (a vLLM upgrade may move one), and makes
+    the OpenAPI document (/openapi.json, /docs) list only the routes that answer, so that what it
+    advertises, and what a fuzzer generates from it, is what the replica serves."""
+    missing = set(routes) - {getattr(route, "path", None) for route in app.routes}
+    if missing:
+        logger.warning("routes headroom opens that vLLM's app does not have: %s", sorted(missing))
+    if not docs_open:
+        return
+    schema = app.openapi()
+    schema["paths"] = {
+        path: {m: op for m, op in ops.items() if m.upper() in routes[path].methods}
+        for path, ops in schema.get("paths", {}).items()
+        if path in routes
+    }
+    app.openapi_schema = schema
+
+
 async def build_openai_app(
-    engine: AsyncLLM, args: argparse.Namespace, metrics: ServingMetrics
+    engine: AsyncLLM,
+    args: argparse.Namespace,
+    metrics: ServingMetrics,
+    security: SecuritySection,
+    api_keys: list[str] | None = None,
+    admission_bound: int | None = None,
 ) -> ReplicaASGI:
     """vLLM's OpenAI-compatible app bound to `engine`, wrapped in headroom's ASGI layer.
 
@@ -163,4 +237,5 @@ async def build_openai_app(
     # no server of its own: the flag is ignored, and Serve's health check (check_health) replaces the
     # replica instead.
     app.state.server = types.SimpleNamespace(should_exit=False)
-    return ReplicaASGI(app, metrics)
+    restrict_routes(app, open_routes(security), "docs" in security.optional_routes)
+    return ReplicaASGI(app, metrics, security, api_keys, admission_bound)

@@ -64,7 +64,7 @@ def deployment_options(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
     places its workers in it); a single-GPU or CPU replica is a plain actor."""
     d = cfg.deployment
     opts: dict[str, Any] = {
-        "max_ongoing_requests": d.max_ongoing_requests,
+        **admission_options(cfg, plan),
         "health_check_period_s": d.health_check_period_s,
         "health_check_timeout_s": d.health_check_timeout_s,
         "graceful_shutdown_timeout_s": d.graceful_shutdown_timeout_s,
@@ -83,6 +83,23 @@ def deployment_options(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
     else:
         opts["num_replicas"] = d.num_replicas or 1
     return opts
+
+
+def admission_options(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
+    """Serve's own admission per replica. With overload refusal on, headroom's ASGI layer holds the bound
+    (it answers in OpenAI's error JSON; Serve's refusals are plain text), so Serve admits twice the bound
+    (generation requests, plus health checks, model lists and refusals being answered) and keeps a
+    queue of one bound behind it, a backstop refusing with the same status and Retry-After."""
+    d = cfg.deployment
+    overload = cfg.security.overload
+    if overload is None:
+        return {"max_ongoing_requests": d.max_ongoing_requests}
+    bound = overload.admission_bound(plan.max_num_seqs)
+    return {
+        "max_ongoing_requests": max(d.max_ongoing_requests, 2 * bound),
+        "max_queued_requests": bound,
+        "backpressure_config": {"status_code": overload.status, "retry_after_s": overload.retry_after_s},
+    }
 
 
 def autoscaling_config(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:

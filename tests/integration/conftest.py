@@ -1,36 +1,48 @@
-"""One real Ray cluster and two real headroom apps (vLLM CPU engines) shared by the whole test session.
+"""One real Ray cluster and real headroom apps (vLLM CPU engines) shared by the whole test session.
 
 An engine takes about a minute to start here, so every integration test shares these:
 - `main`  at /       : configs/local.yaml + ngram speculation (tests/integration/configs/ngram.yaml)
-- `draft` at /draft  : configs/local.yaml + draft-model speculation (tests/integration/configs/draft.yaml)
+- `draft` at /draft  : configs/local.yaml + draft-model speculation (tests/integration/configs/draft.yaml),
+                       behind an API key read from the environment (DRAFT_KEYS_ENV)
+- `secure` at /secure: two replicas with API keys from a key file, request limits and a bounded queue
+                       (tests/integration/configs/secure.yaml); started by the first test that asks for it
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import ray
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
-from serve_app.config import DEFAULT_CONFIG_DIR, HeadroomConfig, load_config
+from serve_app.config import DEFAULT_CONFIG_DIR, HeadroomConfig, deep_merge, load_config, parse_config
 from serve_app.serving.deployment import build_from_config
 from serve_app.serving.serve_options import apply_cluster_env
 
 HERE = Path(__file__).parent
+DRAFT_KEYS_ENV = "HEADROOM_TEST_DRAFT_KEYS"
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def engine_core_of(replica: psutil.Process) -> psutil.Process:
+    cores = [c for c in replica.children(recursive=True) if "EngineCore" in " ".join(c.cmdline())]
+    assert len(cores) == 1, cores
+    return cores[0]
 
 
 def overlay(name: str) -> HeadroomConfig:
@@ -45,13 +57,20 @@ class Cluster:
     metrics_port: int
     main: HeadroomConfig
     draft: HeadroomConfig
+    keys: dict[str, str] = field(default_factory=dict)
+    """A valid API key per route prefix of the apps that require one."""
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
+    def auth(self, prefix: str = "") -> dict[str, str]:
+        """The Authorization header the app at `prefix` wants (none for an app without keys)."""
+        return {"Authorization": f"Bearer {self.keys[prefix]}"} if prefix in self.keys else {}
+
     def client(self, prefix: str = "", **kwargs) -> OpenAI:
-        return OpenAI(base_url=f"{self.base_url}{prefix}/v1", api_key="unused", max_retries=0, **kwargs)
+        key = self.keys.get(prefix, "unused")
+        return OpenAI(base_url=f"{self.base_url}{prefix}/v1", api_key=key, max_retries=0, **kwargs)
 
     def metrics(self) -> dict[str, list]:
         """Ray's Prometheus export for this node: {sample name: [(labels, value), ...]}."""
@@ -83,6 +102,12 @@ class Cluster:
 def cluster() -> Cluster:
     http_port, metrics_port = free_port(), free_port()
     apply_cluster_env(os.environ)  # the production settings (HAProxy ingress)
+    # HAProxy's stats and metrics listeners have fixed default ports: free ones, so that this cluster
+    # starts beside another one's HAProxy (another test run, or one left behind).
+    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
+    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
+    # The draft app's replica reads its key from the environment Ray's processes start with.
+    os.environ[DRAFT_KEYS_ENV] = f"draft-{secrets.token_urlsafe(24)}"
     # A new local cluster, whatever /tmp/ray/ray_current_cluster points at (a stale one fails the session).
     ray.init(
         address="local",
@@ -95,6 +120,53 @@ def cluster() -> Cluster:
     main, draft = overlay("ngram.yaml"), overlay("draft.yaml")
     for cfg in (main, draft):
         serve.run(build_from_config(cfg), name=cfg.name, route_prefix=cfg.route_prefix)
-    yield Cluster(http_port, metrics_port, main, draft)
+    yield Cluster(http_port, metrics_port, main, draft, {draft.route_prefix: os.environ[DRAFT_KEYS_ENV]})
     serve.shutdown()
     ray.shutdown()
+
+
+@dataclass
+class SecureApp:
+    """The `secure` app: its config, its two keys (in `key_file`) and a client for it."""
+
+    cluster: Cluster
+    cfg: HeadroomConfig
+    keys: list[str]
+    key_file: Path
+
+    @property
+    def prefix(self) -> str:
+        return self.cfg.route_prefix
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.cluster.base_url}{self.prefix}"
+
+    def auth(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.keys[0]}"}
+
+    def client(self, key: str | None = None, **kwargs) -> OpenAI:
+        kwargs.setdefault("max_retries", 0)
+        return OpenAI(base_url=f"{self.base_url}/v1", api_key=key or self.keys[0], **kwargs)
+
+
+def secure_config(key_file: Path) -> HeadroomConfig:
+    """configs/local.yaml + configs/secure.yaml, with the key file's path (known only at run time)."""
+    layers = [
+        DEFAULT_CONFIG_DIR / "base.yaml",
+        DEFAULT_CONFIG_DIR / "local.yaml",
+        HERE / "configs" / "secure.yaml",
+    ]
+    merged = load_config(*layers).model_dump(mode="json")
+    return parse_config(deep_merge(merged, {"security": {"api_keys": {"file": str(key_file)}}}))
+
+
+@pytest.fixture(scope="session")
+def secure(cluster, tmp_path_factory) -> SecureApp:
+    keys = [f"secure-{secrets.token_urlsafe(24)}" for _ in range(2)]
+    key_file = tmp_path_factory.mktemp("keys") / "api-keys"
+    key_file.write_text("# the secure test app's keys\n" + "\n".join(keys) + "\n")
+    cfg = secure_config(key_file)
+    serve.run(build_from_config(cfg), name=cfg.name, route_prefix=cfg.route_prefix)
+    cluster.keys[cfg.route_prefix] = keys[0]
+    return SecureApp(cluster, cfg, keys, key_file)

@@ -1,6 +1,7 @@
 """An engine that dies takes its replica down so Ray Serve replaces it; other replicas are unaffected.
 
-Runs last (file order): it kills the `draft` app's engine, which Serve then rebuilds.
+It kills the `draft` app's engine, then waits until Serve has replaced the replica, so the tests after it find
+the app serving again.
 """
 
 from __future__ import annotations
@@ -15,26 +16,33 @@ import psutil
 import pytest
 from ray import serve
 
+from loadtests.processes import serve_replicas
+from tests.integration.conftest import engine_core_of
+
 pytestmark = pytest.mark.integration
 
 
-def replica_processes(app: str) -> list[psutil.Process]:
-    title = f"ServeReplica:{app}:LLMServer"
-    return [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if (p.info["cmdline"] or [""])[0].startswith("ray::") and title in (p.info["cmdline"] or [""])[0]
-    ]
-
-
-def engine_core_of(replica: psutil.Process) -> psutil.Process:
-    cores = [c for c in replica.children(recursive=True) if "EngineCore" in " ".join(c.cmdline())]
-    assert len(cores) == 1, cores
-    return cores[0]
+def wait_until_replaced(app: str, old: psutil.Process, timeout_s: float = 300) -> None:
+    """Waits until the old replica process is gone and Serve reports one replica of the app, a new one, as
+    RUNNING (a replacement that exists but is still starting does not count: requests would find none)."""
+    deadline = time.time() + timeout_s
+    seen = ""
+    while time.time() < deadline:
+        new = [p for p in serve_replicas(app) if p.pid != old.pid]
+        states = {
+            getattr(state, "value", state): count
+            for deployment in serve.status().applications[app].deployments.values()
+            for state, count in deployment.replica_states.items()
+        }
+        seen = f"old alive: {old.is_running()}, new: {len(new)}, replica states: {states}"
+        if not old.is_running() and len(new) == 1 and states == {"RUNNING": 1}:
+            return
+        time.sleep(2)
+    pytest.fail(f"{app} replica was not replaced within {timeout_s:.0f} s ({seen})")
 
 
 def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(cluster):
-    [replica] = replica_processes("draft")
+    [replica] = serve_replicas("draft")
     core = engine_core_of(replica)
 
     result: dict = {}
@@ -43,6 +51,7 @@ def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(clus
         result["response"] = httpx.post(
             f"{cluster.base_url}/draft/v1/completions",
             json={"model": "tiny-qwen3-drafted", "prompt": "long", "max_tokens": 1900, "ignore_eos": True},
+            headers=cluster.auth("/draft"),
             timeout=120,
         )
 
@@ -62,16 +71,8 @@ def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(clus
     )
     assert r.choices[0].finish_reason in ("length", "stop")
 
-    # Serve's health check sees the dead engine, replaces the replica, and the app serves again.
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        new = [p for p in replica_processes("draft") if p.pid != replica.pid]
-        status = serve.status().applications["draft"].status
-        if new and status == "RUNNING":
-            break
-        time.sleep(2)
-    else:
-        pytest.fail(f"draft replica was not replaced within 300 s (status {status})")
+    # The replica exits with its engine; Serve replaces it, and the app serves again.
+    wait_until_replaced("draft", replica)
     r = cluster.client("/draft").completions.create(model="tiny-qwen3-drafted", prompt="back", max_tokens=4)
     assert r.usage.completion_tokens == 4
 
@@ -79,7 +80,7 @@ def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(clus
 def test_hard_killed_replica_leaves_no_engine_behind(cluster):
     """A replica killed with SIGKILL cannot stop its engine; the raylet (subreaper) must reap it, or the
     orphan would keep holding the accelerator's memory from the replacement."""
-    [replica] = replica_processes("draft")
+    [replica] = serve_replicas("draft")
     core = engine_core_of(replica)
     os.kill(replica.pid, signal.SIGKILL)
     try:
@@ -87,11 +88,4 @@ def test_hard_killed_replica_leaves_no_engine_behind(cluster):
     except psutil.TimeoutExpired:
         core.kill()
         pytest.fail("the engine core outlived its killed replica by 30 s")
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        new = [p for p in replica_processes("draft") if p.pid != replica.pid]
-        if new and serve.status().applications["draft"].status == "RUNNING":
-            break
-        time.sleep(2)
-    else:
-        pytest.fail("draft replica was not replaced within 300 s")
+    wait_until_replaced("draft", replica)

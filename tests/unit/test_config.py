@@ -142,7 +142,8 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any], str, list[str]]] = [
         [
             "unknown key 'modle'",
             "did you mean 'model'?",
-            "allowed keys here: deployment, engine, model, name, resources, route_prefix, slo, workload",
+            "allowed keys here: deployment, engine, model, name, resources, route_prefix, security, slo, "
+            "workload",
         ],
     ),
     (

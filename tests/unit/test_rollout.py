@@ -98,7 +98,8 @@ def test_render_local_is_a_valid_serve_config_carrying_the_plan():
     }
     (dep,) = app["deployments"]
     assert dep == {"name": "LLMServer", **deployment_options(cfg, plan), "max_surge_percent": 100}
-    assert dep["num_replicas"] == 1 and dep["max_ongoing_requests"] == 32
+    # Serve admits twice headroom's own bound (max_num_seqs 32 + a queue of 8), which refuses first.
+    assert dep["num_replicas"] == 1 and dep["max_ongoing_requests"] == 80
     assert dep["health_check_period_s"] == 10 and dep["health_check_timeout_s"] == 30
 
 
