@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.headroom-setup
 
-.PHONY: setup run test test-unit test-integration lint fmt plan loadtest ladder bench bench-overhead bench-autoscale bench-vllm-agreement clean
+.PHONY: setup run test test-unit test-integration lint fmt plan loadtest ladder bench bench-overhead bench-autoscale tune-autoscale bench-vllm-agreement clean
 
 # The set-up reruns only when what it installs changes.
 $(STAMP): pyproject.toml scripts/setup.sh
@@ -56,9 +56,18 @@ bench-overhead: $(STAMP)
 	$(PY) -m loadtests.bench_overhead --env local --workloads random-1024 short shared-prefix --concurrency 1 8 \
 	  --num-prompts 1:10,8:24 --output-len 32 --rounds 3 --ours-at 1 --out results/bench_overhead
 
-# The autoscaling policy against Ray's default and a static fleet, in simulation.
+# The shipped autoscaling policy against Ray's tuned default and static fleets, in the request-level
+# simulator (about an hour on 2 cores; results/autoscale). The deployment's numbers come from the config
+# and its plan; Ray's knobs from results/autoscale/tuning.json (make tune-autoscale, about as long).
+AUTOSCALE_INPUTS := $(PY) -m loadtests.autoscale_inputs configs/base.yaml configs/prod.yaml --gpus 8 --nodes 2 --out results/autoscale/deployment.json
+
 bench-autoscale: $(STAMP)
+	$(AUTOSCALE_INPUTS)
 	$(PY) -m autoscale.bench --out results/autoscale
+
+tune-autoscale: $(STAMP)
+	$(AUTOSCALE_INPUTS)
+	$(PY) -m autoscale.tune --out results/autoscale
 
 # Our TTFT/TPOT against `vllm bench serve` on the same server (start one first: make run).
 bench-vllm-agreement: $(STAMP)

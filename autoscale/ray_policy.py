@@ -11,100 +11,89 @@ Plug it in (serve_app/serving/serve_options.py does this from the config's `depl
     autoscaling_config:
       policy:
         policy_function: autoscale.ray_policy:TTFTHeadroomPolicy
-        policy_kwargs: {ttft_target_ms: 1000, replica_startup_s: 90, ...}
+        policy_kwargs: {settings: {...}, ttft_target_ms: 1000, max_num_seqs: 96, capacity_seed: null}
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from autoscale import replica_stats as keys
-from autoscale.policy import MetricsSnapshot, PolicyConfig, PolicyState, ReplicaMetrics, decide
+from autoscale.capacity import ServiceEstimate
+from autoscale.inputs import MetricsSnapshot, PolicyConfig, ReplicaMetrics
+from autoscale.policy import PolicyState, decide
+from autoscale.settings import AutoscalingSettings
 
 POLICY_IMPORT_PATH = "autoscale.ray_policy:TTFTHeadroomPolicy"
 
 logger = logging.getLogger("ray.serve.headroom.autoscale")
 
 
-def _latest(
-    raw_metrics: dict[str, dict[Any, list[Any]]], name: str, replica: Any
-) -> tuple[float, float] | None:
-    """(timestamp, value) of a replica's newest report of `name`, or None."""
-    series = raw_metrics.get(name, {}).get(replica)
-    if not series:
-        return None
-    point = series[-1]
-    return point.timestamp, point.value
-
-
-def replica_metrics(raw_metrics: dict[str, dict[Any, list[Any]]], replica: Any) -> ReplicaMetrics | None:
-    """One replica's report, or None when it has not reported yet (it is then not counted as serving)."""
-    taken = _latest(raw_metrics, keys.TAKEN_AT_S, replica)
-    if taken is None:
-        return None
-
-    def value(name: str) -> float:
-        point = _latest(raw_metrics, name, replica)
-        return point[1] if point is not None else 0.0
-
-    p50, p95 = value(keys.TTFT_P50_MS), value(keys.TTFT_P95_MS)
-    return ReplicaMetrics(
-        replica_id=str(getattr(replica, "unique_id", replica)),
-        ttft_p50_ms=p50 if p50 >= 0 else None,
-        ttft_p95_ms=p95 if p95 >= 0 else None,
-        ttft_samples=int(value(keys.TTFT_SAMPLES)),
-        num_requests_running=int(value(keys.NUM_REQUESTS_RUNNING)),
-        num_requests_waiting=int(value(keys.NUM_REQUESTS_WAITING)),
-        kv_cache_usage=value(keys.KV_CACHE_USAGE),
-    )
+def latest_report(
+    raw_metrics: Mapping[str, Mapping[Any, list[Any]]], replica: Any
+) -> dict[str, float] | None:
+    """A replica's newest value of every report key, or None when it has not reported yet."""
+    report: dict[str, float] = {}
+    for name, by_replica in raw_metrics.items():
+        series = by_replica.get(replica)
+        if series:
+            report[name] = float(series[-1].value)
+    return report if keys.TAKEN_AT_S in report else None
 
 
 def snapshot_from_context(ctx: Any, window_s: float) -> MetricsSnapshot:
-    """A MetricsSnapshot of what Ray's controller knows now."""
+    """A MetricsSnapshot of what Ray's controller knows now. A replica that has not reported yet is not
+    counted as reporting."""
     raw = ctx.raw_metrics or {}
-    reports = [m for r in ctx.running_replicas if (m := replica_metrics(raw, r)) is not None]
-    taken = [t[1] for r in ctx.running_replicas if (t := _latest(raw, keys.TAKEN_AT_S, r)) is not None]
-    rates = [p[1] for r in ctx.running_replicas if (p := _latest(raw, keys.ARRIVAL_RATE_RPS, r)) is not None]
+    reports = [(r, rep) for r in ctx.running_replicas if (rep := latest_report(raw, r)) is not None]
+    taken = [rep[keys.TAKEN_AT_S] for _, rep in reports]
+    rates = [rep[keys.ARRIVAL_RATE_RPS] for _, rep in reports if keys.ARRIVAL_RATE_RPS in rep]
     now_s = ctx.current_time if ctx.current_time is not None else max(taken, default=0.0)
     return MetricsSnapshot(
         now_s=now_s,
         # The oldest replica report bounds how fresh the whole picture is.
         taken_at_s=min(taken) if taken else float("-inf"),
-        replicas=tuple(reports),
+        replicas=tuple(
+            ReplicaMetrics.from_report(str(getattr(r, "unique_id", r)), rep) for r, rep in reports
+        ),
         arrival_rate_rps=sum(rates) if rates else None,
         current_replicas=ctx.current_num_replicas,
         target_replicas=ctx.target_num_replicas,
         replicas_starting=max(0, ctx.target_num_replicas - ctx.current_num_replicas),
         queued_at_router=int(ctx.total_queued_requests or 0),
         window_s=window_s,
-        rate_window_s=window_s,
     )
 
 
 class TTFTHeadroomPolicy:
-    """Ray Serve class policy: `policy_kwargs` are PolicyConfig fields plus `window_s` (the replicas'
-    reporting window)."""
+    """Ray Serve class policy. `policy_kwargs`: the config's autoscaling settings (a dict), the TTFT
+    target, the plan's max_num_seqs and an optional capacity seed (a ServiceEstimate dict)."""
 
-    def __init__(self, window_s: float = 30.0, **policy_kwargs: Any):
-        self.window_s = window_s
-        self.config = PolicyConfig(**policy_kwargs)
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        ttft_target_ms: float,
+        max_num_seqs: int,
+        capacity_seed: Mapping[str, Any] | None = None,
+    ):
+        seed = None if capacity_seed is None else ServiceEstimate.from_dict(capacity_seed)
+        self.config = PolicyConfig(AutoscalingSettings(**settings), ttft_target_ms, max_num_seqs, seed)
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         # Ray adjusts the bounds to the cluster's capacity; the policy must respect those.
-        config = self.config.model_copy(
-            update={
-                "min_replicas": ctx.capacity_adjusted_min_replicas,
-                "max_replicas": max(ctx.capacity_adjusted_max_replicas, ctx.capacity_adjusted_min_replicas),
-            }
+        config = self.config.with_bounds(
+            ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
         )
-        snapshot = snapshot_from_context(ctx, self.window_s)
+        snapshot = snapshot_from_context(ctx, config.settings.window_s)
         decision, state = decide(snapshot, PolicyState.from_dict(ctx.policy_state or {}), config)
         if decision.action != "hold":
             logger.info(
-                "headroom autoscaler: %s -> %d: %s",
+                "headroom autoscaler: %s -> %d [%s]: %s",
                 decision.action,
                 decision.desired_replicas,
+                decision.code,
                 decision.reason,
             )
         return decision.desired_replicas, state.to_dict()

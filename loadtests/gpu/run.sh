@@ -8,8 +8,9 @@
 #   bash loadtests/gpu/run.sh scale      # autoscaler step load; 2 replicas vs TP=2 (both GPUs)
 #   bash loadtests/gpu/run.sh ladder 1   # headroom ladder, first half of its 12 engines; then `ladder 2`
 #   bash loadtests/gpu/run.sh routing    # 2 replicas: prefix_affinity vs least_loaded routing, per-replica hits
+#   bash loadtests/gpu/run.sh replay     # a trace replayed with the autoscaler on (1 replica per GPU) vs the simulator
 set -euo pipefail
-phase=${1:?usage: run.sh diag|overhead|scale|ladder 1|2|routing}
+phase=${1:?usage: run.sh diag|overhead|scale|ladder 1|2|routing|replay}
 name=$phase
 if [ "$phase" = ladder ]; then
   half=${2:?usage: run.sh ladder 1|2, the first or second half of the engines}
@@ -106,5 +107,14 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
       ${ROUTING_ARGS:-} > "$work/bench_routing.log" 2>&1 || echo "bench_routing: exit $?" >> "$work/bench_routing.log"
     tail -40 "$work/report.md" 2>/dev/null || tail -40 "$work/bench_routing.log"
     ;;
-  *) echo "unknown phase $phase (diag | overhead | scale | ladder 1|2 | routing)" >&2; exit 2 ;;
+  replay)
+    # The policy on, min 1 / max one replica per GPU; cut at REPLAY_TIMEOUT_S so the archive is still packed
+    # (the prediction is written first).
+    timeout -s TERM "${REPLAY_TIMEOUT_S:-520}" python3 -m loadtests.gpu.autoscale_replay --config "${config[@]}" \
+      --out "$work" --duration-s "${REPLAY_S:-180}" --max-replicas "${REPLAY_MAX_REPLICAS:-$(nvidia-smi -L | wc -l)}" \
+      > "$work/replay.log" 2>&1 || true
+    ray stop --force >/dev/null 2>&1 || true  # a run cut by the timeout leaves its cluster up
+    tail -40 "$work/report.md" 2>/dev/null || tail -40 "$work/replay.log"
+    ;;
+  *) echo "unknown phase $phase (diag | overhead | scale | ladder 1|2 | routing | replay)" >&2; exit 2 ;;
 esac

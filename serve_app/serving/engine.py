@@ -23,7 +23,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
-from autoscale.replica_stats import SchedulerSnapshot
+from autoscale.replica_stats import EngineStats
 from serve_app.config.security import RequestLimits, SecuritySection
 from serve_app.serving.asgi import ReplicaASGI, request_path
 from serve_app.serving.metrics import ServingMetrics, request_started_at
@@ -151,23 +151,35 @@ class InstrumentedAsyncLLM(AsyncLLM):
         await super().check_health()
 
 
-def scheduler_snapshot_logger(snapshot: SchedulerSnapshot) -> type[StatLoggerBase]:
-    """A vLLM stat logger that keeps the scheduler's latest running/waiting/KV numbers in `snapshot`."""
+def engine_stats_logger(stats: EngineStats) -> type[StatLoggerBase]:
+    """A vLLM stat logger that feeds every engine step into `stats` (autoscale/replica_stats.py): the
+    scheduler's running/waiting/KV numbers and the step's prompt, generated and finished counts."""
 
-    class SchedulerSnapshotLogger(StatLoggerBase):
+    class EngineStatsLogger(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            # vLLM sends the scheduler's state also without a step (iteration_stats None), e.g. the
+            # zero running requests once the engine is idle.
+            if iteration_stats is not None:
+                stats.record_step(
+                    iteration_stats.iteration_timestamp,
+                    prompt_tokens=iteration_stats.num_prompt_tokens,
+                    generation_tokens=iteration_stats.num_generation_tokens,
+                    finished=len(iteration_stats.finished_requests),
+                )
             if scheduler_stats is not None:
-                snapshot.num_running = scheduler_stats.num_running_reqs
-                snapshot.num_waiting = scheduler_stats.num_waiting_reqs
-                snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
+                stats.record_scheduler(
+                    num_running=scheduler_stats.num_running_reqs,
+                    num_waiting=scheduler_stats.num_waiting_reqs,
+                    kv_cache_usage=scheduler_stats.kv_cache_usage,
+                )
 
         def log_engine_initialized(self):
             pass
 
-    return SchedulerSnapshotLogger
+    return EngineStatsLogger
 
 
 async def start_engine(
@@ -179,7 +191,7 @@ async def start_engine(
     engine = InstrumentedAsyncLLM.from_vllm_config(
         vllm_config=vllm_config,
         usage_context=UsageContext.OPENAI_API_SERVER,
-        stat_loggers=[RayPrometheusStatLogger, scheduler_snapshot_logger(metrics.window.scheduler)],
+        stat_loggers=[RayPrometheusStatLogger, engine_stats_logger(metrics.window.engine)],
         enable_log_requests=engine_args.enable_log_requests,
         disable_log_stats=engine_args.disable_log_stats,
     )

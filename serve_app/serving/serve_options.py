@@ -6,11 +6,14 @@ rendered Serve config file holds under `deployments:`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import Any
 
+from autoscale.capacity import seed_from_ladder
 from autoscale.ray_policy import POLICY_IMPORT_PATH
-from serve_app.config import HeadroomConfig
+from serve_app.config import ConfigError, HeadroomConfig
 from serve_app.planning.placement import Plan
 
 # Ray Serve settings for the cluster (read by Serve's processes at start-up, so they must be in the
@@ -125,16 +128,10 @@ def autoscaling_config(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
         target = a.target_ongoing_requests or max(1.0, 0.8 * plan.max_num_seqs)
         return {**bounds, "target_ongoing_requests": target}
     policy_kwargs = {
-        "window_s": a.window_s,
+        "settings": a.model_dump(mode="json"),
         "ttft_target_ms": cfg.slo.ttft_p95_ms,
-        "replica_startup_s": a.replica_startup_s,
-        "upscale_cooldown_s": a.upscale_cooldown_s,
-        "downscale_sustain_s": a.downscale_sustain_s,
-        "downscale_cooldown_s": a.downscale_cooldown_s,
-        "per_replica_capacity_rps": a.per_replica_capacity_rps,
-        "per_replica_max_concurrency": plan.max_num_seqs,
-        "min_replicas": a.min_replicas,
-        "max_replicas": a.max_replicas,
+        "max_num_seqs": plan.max_num_seqs,
+        "capacity_seed": capacity_seed(a.capacity_seed_file, cfg.slo.ttft_p95_ms),
     }
     return {
         **bounds,
@@ -146,3 +143,20 @@ def autoscaling_config(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
         "look_back_period_s": max(a.window_s, 20.0),
         "policy": {"policy_function": POLICY_IMPORT_PATH, "policy_kwargs": policy_kwargs},
     }
+
+
+def capacity_seed(path: str | None, ttft_target_ms: float) -> dict[str, Any] | None:
+    """The capacity seed read from a `headroom ladder` results.json (here, where the app is built, so the
+    controller needs no file); None without a file."""
+    if path is None:
+        return None
+    field = "deployment.autoscaling.capacity_seed_file"
+    try:
+        data = json.loads(Path(path).read_text())
+        return seed_from_ladder(data, ttft_target_ms, path).to_dict()
+    except OSError as err:
+        raise ConfigError([(field, f"cannot read {path}: {err.strerror}")]) from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(
+            [(field, f"{path} is not a usable `headroom ladder` results.json: {err}")]
+        ) from None

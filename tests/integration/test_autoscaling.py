@@ -1,7 +1,9 @@
-"""The TTFT-headroom autoscaler on real Ray Serve: 1 -> 2 replicas under a Locust load, back to 1 after."""
+"""The TTFT-headroom autoscaler on real Ray Serve: 1 -> 2 replicas under a Locust load, back to 1 after,
+each decision logged by the controller with its reason code."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -9,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 from ray import serve
 
 from serve_app.serving.deployment import build_from_config
@@ -31,6 +34,23 @@ def wait_for_replicas(app: str, count: int, timeout_s: float) -> float:
             return time.time() - start
         time.sleep(2)
     raise AssertionError(f"{app} did not reach {count} running replicas in {timeout_s} s")
+
+
+def decisions() -> list[str]:
+    """The policy's logged scale decisions ("up -> 2 [scale_up_ttft]") in this cluster's controller log."""
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    text = "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob("controller_*.log")))
+    return re.findall(r"headroom autoscaler: ((?:up|down) -> \d+ \[\w+\])", text)
+
+
+def wait_for_decision(pattern: str, timeout_s: float) -> str:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        found = [d for d in decisions() if re.fullmatch(pattern, d)]
+        if found:
+            return found[-1]
+        time.sleep(2)
+    raise AssertionError(f"no decision matching {pattern!r} in the controller log; saw {decisions()}")
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +99,10 @@ def test_scales_up_under_load_and_back_down_after(cluster, autoscale_app, tmp_pa
         locust.send_signal(signal.SIGTERM)
         locust.wait(timeout=60)
     assert (tmp_path / "raw.jsonl").stat().st_size > 0  # the load really ran
+    up = wait_for_decision(r"up -> 2 \[scale_up_(ttft|queueing|demand)\]", timeout_s=30)
     down_s = wait_for_replicas("autoscale", 1, timeout_s=240)
-    print(f"scaled 1->2 {up_s:.0f} s into the load, 2->1 {down_s:.0f} s after it stopped")
+    down = wait_for_decision(r"down -> 1 \[scale_down\]", timeout_s=30)
+    print(f"scaled 1->2 ({up}) {up_s:.0f} s into the load, 2->1 ({down}) {down_s:.0f} s after it stopped")
     # Quiet again: it stays at one replica (no flapping back up).
     time.sleep(20)
     assert running_replicas("autoscale") == 1

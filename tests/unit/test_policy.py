@@ -1,80 +1,80 @@
-"""The TTFT-headroom decision: table-driven cases built from small builders, time from a fake clock."""
+"""The TTFT-headroom decision: table-driven cases from small builders, time from a fake clock. Every case
+asserts the reason code and the exact replica count."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from autoscale.policy import (
-    Decision,
-    MetricsSnapshot,
-    PolicyConfig,
-    PolicyState,
-    ReplicaMetrics,
-    decide,
-)
-
-REPO = Path(__file__).resolve().parents[2]
+from autoscale.capacity import ServiceEstimate
+from autoscale.inputs import MetricsSnapshot, PolicyConfig, ReplicaMetrics
+from autoscale.policy import Decision, PolicyState, decide
+from autoscale.settings import AutoscalingSettings, SettingsProblems
 
 # --------------------------------------------------------------------------------------------------------
 # Builders
 # --------------------------------------------------------------------------------------------------------
 
-CAPACITY_RPS = 10.0  # planning capacity 8 rps per replica at target_utilization 0.8
-CONCURRENCY = 80
+SLOTS = 100
+# 10 ms of work per request, 4 ms per step, 100 output tokens: at the targets below one replica is planned
+# for max(0.010 / 0.8, 0.010 + 100 * 0.004 / (100 * 0.8)) = 0.015 s per request, 66.7 requests/s.
+SEED = ServiceEstimate(step_ms=4.0, work_ms_per_request=10.0, output_tokens_per_request=100.0, source="seed")
+CAPACITY_RPS = 1 / 0.015
 
 
-def config(**overrides: object) -> PolicyConfig:
-    base: dict[str, object] = {
-        "ttft_target_ms": 500.0,
-        "scale_up_headroom": 0.2,
-        "scale_down_headroom": 0.5,
-        "target_utilization": 0.8,
-        "downscale_margin": 0.1,
-        "downscale_sustain_s": 300.0,
-        "upscale_cooldown_s": 60.0,
-        "downscale_cooldown_s": 60.0,
-        "stale_after_s": 30.0,
-        "replica_startup_s": 90.0,
+def config(seed: ServiceEstimate | None = SEED, **overrides: Any) -> PolicyConfig:
+    base: dict[str, Any] = {
         "min_replicas": 1,
         "max_replicas": 20,
-        "per_replica_capacity_rps": CAPACITY_RPS,
-        "per_replica_max_concurrency": CONCURRENCY,
-        "max_step_up": 4,
+        "replica_startup_s": 90.0,
+        "window_s": 10.0,
+        "upscale_cooldown_s": 60.0,
+        "downscale_sustain_s": 300.0,
+        "downscale_cooldown_s": 60.0,
+        "scale_up_headroom": 0.2,
+        "scale_down_headroom": 0.5,
+        "target_engine_utilization": 0.8,
+        "target_slot_utilization": 0.8,
+        "downscale_margin": 0.1,
         "spare_replicas": 0,
+        "max_step_up": 4,
+        "trend_window_s": 60.0,
         "trend_min_t_stat": 3.0,
     }
     base.update(overrides)
-    return PolicyConfig(**base)  # type: ignore[arg-type]
+    return PolicyConfig(
+        AutoscalingSettings(**base), ttft_target_ms=500.0, max_num_seqs=SLOTS, capacity_seed=seed
+    )
 
 
 def replica(
     i: int = 0,
-    p95: float | None = 300.0,
+    p95: float | None = 200.0,
     running: int = 30,
     waiting: int = 0,
     kv: float = 0.2,
-    samples: int = 100,
+    **engine: float,
 ) -> ReplicaMetrics:
     return ReplicaMetrics(
         replica_id=f"r{i}",
         ttft_p50_ms=None if p95 is None else p95 / 1.6,
         ttft_p95_ms=p95,
-        ttft_samples=samples if p95 is not None else 0,
+        ttft_samples=100 if p95 is not None else 0,
         num_requests_running=running,
         num_requests_waiting=waiting,
         kv_cache_usage=kv,
+        **engine,
     )
 
 
 def snapshot(
     now: float = 1000.0,
     *,
-    p95: float | None = 300.0,
-    rate: float | None = 20.0,
+    p95: float | None = 200.0,
+    rate: float | None = 100.0,
     current: int = 4,
     target: int | None = None,
     starting: int = 0,
@@ -85,9 +85,7 @@ def snapshot(
     replicas: tuple[ReplicaMetrics, ...] | None = None,
 ) -> MetricsSnapshot:
     reps = (
-        replicas
-        if replicas is not None
-        else tuple(replica(i, p95=p95, running=running, kv=kv) for i in range(current))
+        replicas if replicas is not None else tuple(replica(i, p95, running, kv=kv) for i in range(current))
     )
     return MetricsSnapshot(
         now_s=now,
@@ -98,6 +96,7 @@ def snapshot(
         target_replicas=current + starting if target is None else target,
         replicas_starting=starting,
         queued_at_router=queued,
+        window_s=10.0,
     )
 
 
@@ -105,370 +104,386 @@ class FakeClock:
     def __init__(self, start_s: float = 1000.0) -> None:
         self.now_s = start_s
 
-    def advance(self, s: float) -> float:
+    def tick(self, s: float) -> float:
         self.now_s += s
         return self.now_s
 
 
-def run_steady(
-    cfg: PolicyConfig,
-    *,
-    seconds: float,
-    every_s: float = 5.0,
-    state: PolicyState | None = None,
-    **snap_kw: object,
-) -> list[tuple[float, Decision]]:
-    """Feed the same fleet picture every ``every_s`` seconds; the fleet follows each decision at once."""
-    clock = FakeClock()
-    st = state or PolicyState()
-    current = int(snap_kw.pop("current", 4))  # type: ignore[call-overload]
-    out: list[tuple[float, Decision]] = []
-    end = clock.now_s + seconds
-    while clock.now_s <= end:
-        d, st = decide(snapshot(clock.now_s, current=current, **snap_kw), st, cfg)  # type: ignore[arg-type]
-        out.append((clock.now_s, d))
+def steady_history(
+    rate: float, until_s: float = 1000.0, span_s: float = 900.0
+) -> tuple[tuple[float, float], ...]:
+    """A flat rate history every 10 s (as if the policy had watched the fleet for span_s)."""
+    start = until_s - span_s
+    return tuple((start + 10.0 * i, rate) for i in range(int(span_s // 10)))
+
+
+def run(
+    cfg: PolicyConfig, seconds: float, every_s: float = 10.0, state: PolicyState | None = None, **kw: Any
+) -> list[Decision]:
+    """Feeds the same fleet picture every ``every_s``; the fleet follows each decision at once."""
+    clock, st = FakeClock(), state or PolicyState()
+    current = int(kw.pop("current", 4))
+    out = []
+    while clock.now_s <= 1000.0 + seconds:
+        d, st = decide(snapshot(clock.now_s, current=current, **kw), st, cfg)
+        out.append(d)
         current = d.desired_replicas
-        clock.advance(every_s)
+        clock.tick(every_s)
     return out
 
 
 # --------------------------------------------------------------------------------------------------------
-# One decision from a fresh state
+# One decision: reason code and replica count
 # --------------------------------------------------------------------------------------------------------
 
-CASES = [
-    # name, snapshot kwargs, config overrides, expected action, check on desired, words in the reason
-    ("low headroom scales up", dict(p95=460.0, rate=20.0), {}, "up", lambda d: d > 4, ["TTFT p95 460 ms"]),
+WATCHED = PolicyState(rate_history=steady_history(100.0))
+
+CASES: list[tuple[str, dict[str, Any], dict[str, Any], PolicyState, str, int]] = [
+    # name, snapshot kw, config kw, state, code, replicas
+    ("below min", {"current": 1}, {"min_replicas": 3}, PolicyState(), "below_min_replicas", 3),
+    ("above max", {"current": 6}, {"max_replicas": 5}, PolicyState(), "above_max_replicas", 5),
+    ("stale metrics", {"age_s": 31.0, "p95": 5000.0}, {}, PolicyState(), "metrics_stale", 4),
+    ("one of four reports", {"replicas": (replica(0),)}, {}, PolicyState(), "metrics_missing", 4),
+    ("no TTFT and no rate", {"p95": None, "rate": None}, {}, PolicyState(), "metrics_missing", 4),
     (
-        "3x overload is sized to the need, not +1",
-        dict(p95=2000.0, rate=96.0, current=4, running=200, queued=300),
-        {},
-        "up",
-        lambda d: d >= 4 + 3,
-        ["needs"],
-    ),
-    ("inside the band holds", dict(p95=320.0, rate=20.0), {}, "hold", lambda d: d == 4, ["band"]),
-    (
-        "demand above capacity scales up before TTFT suffers",
-        dict(p95=300.0, rate=45.0),
-        {},
-        "up",
-        lambda d: d == 6,
-        ["demand 6"],
-    ),
-    ("stale metrics hold", dict(p95=2000.0, rate=90.0, age_s=45.0), {}, "hold", lambda d: d == 4, ["stale"]),
-    (
-        "missing metrics hold",
-        dict(p95=2000.0, rate=90.0, replicas=()),
-        {},
-        "hold",
-        lambda d: d == 4,
-        ["missing"],
-    ),
-    (
-        "no TTFT and no rate is missing",
-        dict(p95=None, rate=None),
-        {},
-        "hold",
-        lambda d: d == 4,
-        ["missing"],
-    ),
-    (
-        "never above max_replicas",
-        dict(p95=3000.0, rate=500.0, current=6, running=250, queued=900),
-        {"max_replicas": 7},
-        "up",
-        lambda d: d == 7,
-        [],
-    ),
-    (
-        "at max_replicas holds and says so",
-        dict(p95=3000.0, rate=500.0, current=7, running=250),
-        {"max_replicas": 7},
-        "hold",
-        lambda d: d == 7,
-        ["max_replicas"],
-    ),
-    (
-        "below min_replicas comes up to min",
-        dict(p95=None, rate=None, current=1, target=1),
-        {"min_replicas": 3},
-        "up",
-        lambda d: d == 3,
-        ["min_replicas"],
-    ),
-    (
-        "above max_replicas comes down to max",
-        dict(p95=100.0, rate=1.0, current=9, target=9),
-        {"max_replicas": 5},
-        "down",
-        lambda d: d == 5,
-        ["max_replicas"],
-    ),
-    (
-        "scale from zero when requests wait",
-        dict(p95=None, rate=0.0, current=0, target=0, queued=3),
+        "requests wait, no replica",
+        {"current": 0, "rate": 0.0, "queued": 3, "replicas": ()},
         {"min_replicas": 0},
-        "up",
-        lambda d: d >= 1,
-        ["zero", "3 requests waiting"],
+        PolicyState(),
+        "scale_from_zero",
+        1,
     ),
     (
-        "scale from zero is sized by the arrival rate",
-        dict(p95=None, rate=20.0, current=0, target=0, queued=40),
+        "nothing at zero",
+        {"current": 0, "rate": 0.0, "replicas": ()},
         {"min_replicas": 0},
-        "up",
-        lambda d: d == 3,
-        ["zero"],
+        PolicyState(),
+        "idle_at_zero",
+        0,
     ),
+    # 190 rps at 66.7 rps per replica: 2.85 replicas; on 3 with 10% margin only 2.7 fit: hold at 4.
     (
-        "zero stays zero with nothing arriving",
-        dict(p95=None, rate=0.0, current=0, target=0, queued=0),
-        {"min_replicas": 0},
-        "hold",
-        lambda d: d == 0,
-        ["no request"],
-    ),
-    (
-        "scale-up in progress holds despite high TTFT",
-        dict(p95=900.0, rate=40.0, current=3, starting=3, running=80),
+        "demand within the fleet",
+        {"rate": 190.0},
         {},
-        "hold",
-        lambda d: d == 6,
-        ["in progress"],
+        PolicyState(rate_history=steady_history(190.0)),
+        "load_in_band",
+        4,
     ),
+    # 400 rps: ceil(400 * 0.015) = 6.
+    ("demand", {"rate": 400.0}, {}, PolicyState(), "scale_up_demand", 6),
+    ("demand capped by max_step_up", {"rate": 900.0}, {}, PolicyState(), "scale_up_demand", 8),
     (
-        "scale-up in progress goes further up when demand outgrew it",
-        dict(p95=900.0, rate=70.0, current=3, starting=3, running=80),
+        "demand capped by max_replicas",
+        {"rate": 900.0},
+        {"max_replicas": 6},
+        PolicyState(),
+        "scale_up_demand",
+        6,
+    ),
+    ("at max", {"rate": 900.0, "current": 6}, {"max_replicas": 6}, PolicyState(), "at_max_replicas", 6),
+    # 4 x 90 in flight over 80 planned per replica: 5.
+    ("queueing", {"running": 90}, {}, PolicyState(), "scale_up_queueing", 5),
+    (
+        "queueing without a capacity",
+        {"running": 90, "rate": 10.0},
+        {"seed": None},
+        PolicyState(),
+        "scale_up_queueing",
+        5,
+    ),
+    # p95 600 over the 400 ms threshold: 4 x 1.5 = 6.
+    ("TTFT", {"p95": 600.0, "rate": 10.0}, {"seed": None}, PolicyState(), "scale_up_ttft", 6),
+    (
+        "TTFT at most doubles",
+        {"p95": 5000.0, "rate": 10.0, "current": 2},
+        {"seed": None},
+        PolicyState(),
+        "scale_up_ttft",
+        4,
+    ),
+    ("KV cache full", {"kv": 0.95}, {}, WATCHED, "scale_up_kv_cache", 5),
+    ("starting replicas", {"starting": 2, "p95": 900.0}, {}, PolicyState(), "scale_up_in_progress", 6),
+    ("demand outgrew the scale-up", {"starting": 2, "rate": 600.0}, {}, PolicyState(), "scale_up_further", 9),
+    (
+        "low load, watched long enough",
+        {"rate": 20.0, "running": 5},
         {},
-        "up",
-        lambda d: d == 9,
-        ["further", "worse"],
+        PolicyState(rate_history=steady_history(20.0)),
+        "scale_down",
+        3,
     ),
     (
-        "scale-up in progress is also target above current",
-        dict(p95=900.0, rate=40.0, current=3, target=5, starting=0, running=80),
+        "low load, not watched long enough",
+        {"rate": 20.0, "running": 5},
         {},
-        "hold",
-        lambda d: d == 5,
-        ["in progress"],
+        PolicyState(rate_history=steady_history(20.0, span_s=100.0)),
+        "downscale_sustaining",
+        4,
     ),
     (
-        "a full KV cache adds a replica",
-        dict(p95=300.0, rate=20.0, kv=0.95),
+        "low load, just scaled down",
+        {"rate": 20.0, "running": 5},
         {},
-        "up",
-        lambda d: d == 5,
-        ["KV cache"],
+        dataclasses.replace(WATCHED, rate_history=steady_history(20.0), last_scale_down_s=980.0),
+        "downscale_cooldown",
+        4,
     ),
     (
-        "max_step_up caps a large need",
-        dict(p95=4000.0, rate=400.0, current=2, running=250, queued=2000),
-        {"max_step_up": 2},
-        "up",
-        lambda d: d == 4,
-        [],
+        "low load at min",
+        {"rate": 20.0, "running": 5, "current": 1},
+        {},
+        PolicyState(rate_history=steady_history(20.0)),
+        "at_min_replicas",
+        1,
+    ),
+    (
+        "TTFT high right after a scale-up",
+        {"p95": 600.0, "rate": 10.0},
+        {"seed": None},
+        PolicyState(last_scale_up_ready_s=990.0),
+        "upscale_cooldown",
+        4,
+    ),
+    (
+        "peak of the sustain period keeps replicas",
+        {"rate": 20.0, "running": 5},
+        {},
+        PolicyState(
+            rate_history=(*steady_history(20.0, 700.0, 100.0), *steady_history(250.0, 1000.0, 300.0))
+        ),
+        "load_in_band",
+        4,
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("snap_kw", "cfg_kw", "action", "check", "words"),
-    [pytest.param(*c[1:], id=c[0]) for c in CASES],
+    ("name", "snap_kw", "cfg_kw", "state", "code", "replicas"), CASES, ids=[c[0] for c in CASES]
 )
-def test_single_decision(snap_kw, cfg_kw, action, check, words) -> None:
-    decision, state = decide(snapshot(**snap_kw), PolicyState(), config(**cfg_kw))
-    assert decision.action == action, decision.reason
-    assert check(decision.desired_replicas), decision
-    assert decision.reason.strip(), "every decision carries a reason"
-    for w in words:
-        assert w in decision.reason, decision.reason
-    cfg = config(**cfg_kw)
-    assert decision.desired_replicas <= cfg.max_replicas
-    if action != "hold" or snap_kw.get("current", 4) >= cfg.min_replicas:
-        assert decision.desired_replicas >= min(cfg.min_replicas, snap_kw.get("target", 99))
-    assert isinstance(state, PolicyState)
+def test_decision(
+    name: str, snap_kw: dict[str, Any], cfg_kw: dict[str, Any], state: PolicyState, code: str, replicas: int
+) -> None:
+    cfg_kw = dict(cfg_kw)
+    cfg = config(seed=cfg_kw.pop("seed"), **cfg_kw) if "seed" in cfg_kw else config(**cfg_kw)
+    decision, _ = decide(snapshot(**snap_kw), state, cfg)
+    assert (decision.code, decision.desired_replicas) == (code, replicas), decision.reason
+    assert decision.action == (
+        "up"
+        if replicas > snapshot(**snap_kw).target_replicas
+        else "down"
+        if replicas < snapshot(**snap_kw).target_replicas
+        else "hold"
+    )
 
 
-def test_numbers_in_up_reason() -> None:
-    d, _ = decide(snapshot(p95=2000.0, rate=96.0, running=200, queued=300), PolicyState(), config())
-    assert d.action == "up"
-    assert "2000 ms" in d.reason and "500 ms" in d.reason and "96.0 rps" in d.reason
-    assert d.details["need_demand"] == 12
-    assert d.details["headroom"] == pytest.approx(-3.0)
-
-
-def test_ttft_only_sizing_when_capacity_figures_are_wrong() -> None:
-    # Demand says 4 is plenty, but TTFT p95 is 1.5x the up threshold: +50%, not +1.
-    d, _ = decide(snapshot(p95=600.0, rate=10.0, current=6), PolicyState(), config())
-    assert d.action == "up"
-    assert d.desired_replicas == 9
-    assert "TTFT 9" in d.reason
+def test_reason_carries_the_numbers() -> None:
+    decision, _ = decide(snapshot(rate=400.0), PolicyState(), config())
+    assert decision.reason.startswith("scale up 4 -> 6: needs demand 6")
+    assert "400.0 rps" in decision.reason and "66.7 rps each" in decision.reason
+    assert decision.details["need_demand"] == 6 and decision.details["capacity_source"] == "seed"
 
 
 # --------------------------------------------------------------------------------------------------------
-# Sequences over time
+# Capacity learned from the replicas' engine counters
 # --------------------------------------------------------------------------------------------------------
 
 
-def test_scale_down_only_after_sustained_headroom() -> None:
-    cfg = config(downscale_sustain_s=300.0, downscale_cooldown_s=60.0)
-    # 4 replicas, 10 rps: fits on 3 (3 * 8 * 0.9 = 21.6 rps) and on 2 (14.4 rps), TTFT p95 150 ms.
-    seq = run_steady(cfg, seconds=900.0, p95=150.0, rate=10.0, running=10, current=4)
-    start = seq[0][0]
-    downs = [(t - start, d) for t, d in seq if d.action == "down"]
-    assert downs, "sustained high headroom must eventually remove a replica"
-    first_t, first = downs[0]
-    assert first_t >= cfg.downscale_sustain_s
-    assert first.desired_replicas == 3, "one step at a time"
-    assert all(d.action != "down" for t, d in seq if t - start < cfg.downscale_sustain_s)
-    # Later steps respect the cooldown and never go below what the load needs (2 replicas).
-    times = [t for t, _ in downs]
-    assert all(b - a >= cfg.downscale_cooldown_s for a, b in zip(times, times[1:], strict=False))
-    assert min(d.desired_replicas for _, d in seq) == 2
-    assert "low for" in first.reason
+def counting_replica(i: int) -> ReplicaMetrics:
+    """50 requests/s finished, 100 steps/s at 4 ms floor, busy 0.9: work = (0.9 - 100 * 0.004) / 50 s."""
+    return replica(
+        i,
+        finished_rps=50.0,
+        engine_steps_per_s=100.0,
+        engine_busy_fraction=0.9,
+        generation_tokens_per_s=5000.0,
+        decode_step_floor_ms=4.0,
+    )
 
 
-def test_interrupted_low_load_restarts_the_sustain_clock() -> None:
-    cfg = config(downscale_sustain_s=300.0)
-    clock = FakeClock()
-    st = PolicyState()
-    for _ in range(40):  # 200 s of low load
-        _, st = decide(snapshot(clock.now_s, p95=150.0, rate=10.0, running=10), st, cfg)
-        clock.advance(5)
-    d, st = decide(snapshot(clock.now_s, p95=320.0, rate=10.0, running=10), st, cfg)  # a blip in the band
-    assert d.action == "hold" and st.low_load_since_s is None
-    clock.advance(5)
-    for _ in range(50):  # 250 s more: still < 300 s since the blip
-        d, st = decide(snapshot(clock.now_s, p95=150.0, rate=10.0, running=10), st, cfg)
-        assert d.action == "hold", d.reason
-        clock.advance(5)
+def test_capacity_is_learned_from_engine_counters_and_replaces_the_seed() -> None:
+    snap = snapshot(rate=200.0, replicas=tuple(counting_replica(i) for i in range(4)))
+    wrong_seed = SEED.scaled(0.5)
+    decision, state = decide(snap, PolicyState(), config(seed=wrong_seed))
+    assert state.service is not None and state.service.source == "observed"
+    assert state.service.work_ms_per_request == pytest.approx(10.0)
+    assert state.service.output_tokens_per_request == pytest.approx(100.0)
+    # 200 rps x 0.015 s = 3 replicas: the learned capacity, not the seed's half.
+    assert decision.details["capacity_rps"] == pytest.approx(round(CAPACITY_RPS, 2))
+    assert decision.details["need_demand"] == 3
 
 
-def test_min_replicas_is_a_floor_for_scale_down() -> None:
-    cfg = config(min_replicas=3, downscale_sustain_s=60.0, downscale_cooldown_s=10.0)
-    seq = run_steady(cfg, seconds=1200.0, p95=50.0, rate=0.5, running=1, current=6)
-    assert min(d.desired_replicas for _, d in seq) == 3
-    assert seq[-1][1].action == "hold" and "min_replicas" in seq[-1][1].reason
+def test_windows_that_fill_up_or_drain_are_not_measured() -> None:
+    """Right after a start the replicas are busy with requests that have not finished yet."""
+    filling = snapshot(rate=400.0, replicas=tuple(counting_replica(i) for i in range(4)))  # 200 finish
+    _, state = decide(filling, PolicyState(), config())
+    assert state.service is None
 
 
-def test_scale_to_zero_only_without_traffic() -> None:
-    cfg = config(min_replicas=0, downscale_sustain_s=60.0, downscale_cooldown_s=10.0)
-    busy = run_steady(cfg, seconds=600.0, p95=50.0, rate=0.5, running=1, current=1)
-    assert all(d.desired_replicas == 1 for _, d in busy)
-    idle = run_steady(cfg, seconds=600.0, p95=None, rate=0.0, running=0, current=1)
-    assert idle[-1][1].desired_replicas == 0
+def test_without_seed_or_counters_demand_is_unknown() -> None:
+    decision, state = decide(snapshot(rate=400.0), PolicyState(), config(seed=None))
+    assert state.service is None
+    assert (decision.code, decision.desired_replicas) == ("downscale_sustaining", 4)
+    assert decision.details["need_demand"] == 0 and decision.details["capacity_rps"] is None
 
 
-def test_upscale_cooldown_blocks_ttft_only_but_not_demand() -> None:
-    cfg = config(upscale_cooldown_s=60.0)
-    clock = FakeClock()
-    st = PolicyState()
-    d, st = decide(snapshot(clock.now_s, p95=460.0, rate=20.0), st, cfg)
-    assert d.action == "up"
-    target = d.desired_replicas
-    clock.advance(90)  # replicas ready: in-progress ends, cooldown starts
-    d, st = decide(snapshot(clock.now_s, p95=460.0, rate=20.0, current=target), st, cfg)
-    assert d.action == "hold" and "cooldown" in d.reason
-    clock.advance(5)
-    d, st = decide(snapshot(clock.now_s, p95=460.0, rate=20.0 * target, current=target), st, cfg)
-    assert d.action == "up" and "demand" in d.reason
-    target = d.desired_replicas
-    clock.advance(90)  # ready again; the cooldown restarts from here
-    d, st = decide(snapshot(clock.now_s, p95=300.0, rate=20.0, current=target), st, cfg)
-    assert d.action == "hold"
-    clock.advance(cfg.upscale_cooldown_s)
-    d, st = decide(snapshot(clock.now_s, p95=470.0, rate=20.0, current=target), st, cfg)
-    assert d.action == "up" and "TTFT" in d.reason
+def test_windows_with_few_finished_requests_keep_the_previous_estimate() -> None:
+    quiet = replica(
+        0, finished_rps=1.0, engine_steps_per_s=10.0, engine_busy_fraction=0.1, generation_tokens_per_s=100.0
+    )
+    _, state = decide(snapshot(current=1, rate=1.0, replicas=(quiet,)), PolicyState(), config())
+    assert state.service is None  # fewer than 20 finished in the 10 s window: the seed stands
+
+
+# --------------------------------------------------------------------------------------------------------
+# Over time
+# --------------------------------------------------------------------------------------------------------
 
 
 def test_rising_trend_scales_up_ahead_of_the_load() -> None:
-    cfg = config(replica_startup_s=90.0, trend_window_s=60.0)
-    clock = FakeClock()
-    st = PolicyState()
+    cfg, clock, st = config(), FakeClock(), PolicyState()
+    current = 4
     decisions = []
-    rate = 20.0  # 4 replicas plan for 32 rps; the rate climbs 0.25 rps per second
-    for _ in range(20):
-        d, st = decide(snapshot(clock.now_s, p95=300.0, rate=rate), st, cfg)
-        decisions.append((rate, d))
-        if d.action == "up":
-            break
-        clock.advance(5)
-        rate += 1.25
-    rate_at_up, d = decisions[-1]
-    assert d.action == "up", [x.reason for _, x in decisions]
-    assert rate_at_up < 32.0, "the trend must trigger before the current rate exceeds capacity"
-    assert "projected" in d.reason
-    assert d.details["projected_rate_rps"] > rate_at_up
+    for i in range(12):  # +2 rps/s for two minutes, a report every 10 s
+        rate = 100.0 + 20.0 * i
+        d, st = decide(snapshot(clock.now_s, rate=rate, current=current), st, cfg)
+        decisions.append(d)
+        clock.tick(10.0)
+    up = [d for d in decisions if d.action == "up"]
+    assert up and up[0].code == "scale_up_demand"
+    # Projected 90 s ahead: more than the current rate alone needs.
+    assert up[0].details["projected_rate_rps"] > up[0].details["arrival_rate_rps"]
+
+
+def history(rates: list[float], until_s: float = 1000.0) -> tuple[tuple[float, float], ...]:
+    """One rate per 10 s, the last at until_s."""
+    n = len(rates)
+    return tuple((until_s - 10.0 * (n - 1 - i), r) for i, r in enumerate(rates))
+
+
+@pytest.mark.parametrize(
+    ("rates", "surge"),
+    [
+        ([100.0] * 60, 0.0),  # steady
+        ([100.0] * 30 + [150.0] * 30, 0.5),  # a rise by half from one 90 s start-up to the next
+        ([100.0] * 30 + [400.0] * 30, 1.0),  # capped at max_surge_headroom
+        ([100.0] * 30 + [50.0] * 30, 0.0),  # falls are not surges
+    ],
+)
+def test_surge_headroom_is_the_largest_rise_over_a_startup(rates: list[float], surge: float) -> None:
+    _, state = decide(
+        snapshot(rate=rates[-1]), PolicyState(rate_history=history(rates[:-1], 990.0)), config()
+    )
+    assert state.surge == pytest.approx(surge)
+
+
+def test_surge_headroom_sizes_demand_and_is_off_at_zero_lookback() -> None:
+    rising = PolicyState(rate_history=history([100.0] * 30 + [150.0] * 29, 990.0))
+    decision, _ = decide(snapshot(rate=150.0), rising, config())
+    # 150 rps x 0.015 s x (1 + 0.5) = 3.4: 4 replicas
+    assert (decision.details["surge_headroom"], decision.details["need_demand"]) == (0.5, 4)
+    decision, _ = decide(snapshot(rate=150.0), rising, config(surge_lookback_s=0.0))
+    assert (decision.details["surge_headroom"], decision.details["need_demand"]) == (0.0, 3)
 
 
 def test_noise_on_a_steady_rate_is_not_a_trend() -> None:
-    cfg = config()
-    clock = FakeClock()
-    st = PolicyState()
-    noise = [0.0, 1.2, -0.8, 0.5, -1.5, 0.9, 1.4, -0.3, -1.1, 0.6, 1.5, -0.2, 0.8, 1.3, -0.9, 1.6]
-    for x in noise * 5:
-        d, st = decide(snapshot(clock.now_s, p95=320.0, rate=28.0 + x), st, cfg)
-        assert d.action == "hold", d.reason
-        clock.advance(5)
-
-
-def test_decide_is_pure() -> None:
-    cfg = config()
-    snap = snapshot(p95=460.0, rate=30.0)
-    st = PolicyState(rate_history=((990.0, 25.0), (995.0, 27.0)))
-    a = decide(snap, st, cfg)
-    b = decide(snap, st, cfg)
-    assert a == b
-    assert st.rate_history == ((990.0, 25.0), (995.0, 27.0))
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        st.last_action = "up"  # type: ignore[misc]
-
-
-def test_state_round_trips_through_a_dict() -> None:
-    cfg = config()
-    _, st = decide(snapshot(p95=900.0, rate=60.0), PolicyState(), cfg)
-    assert st.in_progress is not None
-    again = PolicyState.from_dict(st.to_dict() | {"ray_internal_key": 3})
-    assert again == st
-    assert PolicyState.from_dict(None) == PolicyState()
+    cfg, clock, st = config(), FakeClock(), PolicyState(rate_history=steady_history(100.0))
+    for i in range(30):
+        d, st = decide(snapshot(clock.now_s, rate=100.0 + (6.0 if i % 2 else -6.0)), st, cfg)
+        assert d.details["trend_rps_per_s"] == 0
+        clock.tick(10.0)
 
 
 def test_steady_load_does_not_flap() -> None:
-    # A steady fleet picture every 5 s for an hour: no scaling at all once sized.
-    cfg = config()
-    seq = run_steady(cfg, seconds=3600.0, p95=330.0, rate=30.0, running=50, current=4)
-    assert [d.action for _, d in seq].count("up") == 0
-    assert [d.action for _, d in seq].count("down") == 0
+    decisions = run(config(), seconds=3600, rate=180.0, running=40)
+    moves = [d for d in decisions if d.action != "hold"]
+    assert [d.desired_replicas for d in moves] == [3]  # 180 rps x 0.015 s = 2.7: down to 3, once
+
+
+def test_scale_down_steps_one_replica_per_cooldown() -> None:
+    decisions = run(
+        config(),
+        seconds=900,
+        current=8,
+        state=PolicyState(rate_history=steady_history(20.0)),
+        rate=20.0,
+        running=5,
+    )
+    downs = [d for d in decisions if d.code == "scale_down"]
+    assert [d.desired_replicas for d in downs][:3] == [7, 6, 5]
+    assert all(d.code in ("scale_down", "downscale_cooldown", "at_min_replicas") for d in decisions)
+
+
+def test_decide_is_pure() -> None:
+    snap, st, cfg = snapshot(rate=400.0), PolicyState(), config()
+    assert decide(snap, st, cfg) == decide(snap, st, cfg)
+
+
+def test_state_round_trips_through_a_dict() -> None:
+    _, st = decide(
+        snapshot(
+            rate=200.0,
+            replicas=tuple(dataclasses.replace(counting_replica(i), ttft_p95_ms=450.0) for i in range(4)),
+        ),
+        PolicyState(),
+        config(),
+    )
+    assert st.in_progress is not None and st.service is not None and st.rate_history
+    assert PolicyState.from_dict(st.to_dict()) == st
+    assert PolicyState.from_dict({"ray_internal": 1}) == PolicyState()
 
 
 # --------------------------------------------------------------------------------------------------------
-# Config and output validation
+# Settings and config
 # --------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("kw", "words"),
+    ("kw", "field", "words"),
     [
-        ({"min_replicas": 3, "max_replicas": 2}, ["max_replicas (2) must be >= min_replicas (3)"]),
-        ({"scale_up_headroom": 0.5, "scale_down_headroom": 0.3}, ["scale_down_headroom (0.3)", "band"]),
-        ({"per_replica_capacity_rps": None, "per_replica_max_concurrency": None}, ["at least one"]),
-        ({"ttft_target_ms": 0.0}, ["ttft_target_ms"]),
-        ({"bogus_knob": 1}, ["bogus_knob"]),
+        (
+            {"min_replicas": 3, "max_replicas": 2},
+            "max_replicas",
+            "max_replicas (2) must be >= min_replicas (3)",
+        ),
+        ({"scale_up_headroom": 0.3, "scale_down_headroom": 0.3}, "scale_down_headroom", "hold band"),
+        (
+            {"max_replicas": 4, "initial_replicas": 6},
+            "initial_replicas",
+            "between min_replicas (1) and max_replicas (4)",
+        ),
     ],
 )
-def test_config_errors_name_the_problem(kw, words) -> None:
+def test_settings_errors_name_the_field(kw: dict[str, Any], field: str, words: str) -> None:
     with pytest.raises(ValidationError) as err:
-        config(**kw)
-    for w in words:
-        assert w in str(err.value)
+        AutoscalingSettings(**kw)
+    problems = err.value.errors()[0]["ctx"]["error"]
+    assert isinstance(problems, SettingsProblems)
+    assert problems.problems[0][0] == field and words in problems.problems[0][1]
 
 
-def test_every_config_field_has_a_description() -> None:
-    for name, f in PolicyConfig.model_fields.items():
+def test_settings_reject_unknown_keys_and_out_of_range_values() -> None:
+    with pytest.raises(ValidationError, match="per_replica_capacity_rps"):
+        AutoscalingSettings(per_replica_capacity_rps=10.0)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="target_slot_utilization"):
+        AutoscalingSettings(target_slot_utilization=1.5)
+
+
+def test_every_setting_has_a_description_and_a_default() -> None:
+    for name, f in AutoscalingSettings.model_fields.items():
         assert f.description and len(f.description) > 20, name
+        assert not f.is_required(), name
+
+
+def test_policy_config_checks_what_the_deployment_supplies() -> None:
+    with pytest.raises(ValueError, match=r"ttft_target_ms \(0"):
+        PolicyConfig(AutoscalingSettings(), ttft_target_ms=0.0, max_num_seqs=8)
+    with pytest.raises(ValueError, match=r"max_num_seqs \(0\)"):
+        PolicyConfig(AutoscalingSettings(), ttft_target_ms=500.0, max_num_seqs=0)
+    cfg = config().with_bounds(2, 1)
+    assert (cfg.settings.min_replicas, cfg.settings.max_replicas) == (2, 2)
 
 
 def test_decision_requires_a_reason() -> None:
-    with pytest.raises(ValueError):
-        Decision(3, "hold", "  ")
+    with pytest.raises(ValueError, match="reason"):
+        Decision(1, "hold", "load_in_band", "  ")

@@ -1,115 +1,117 @@
-"""The simulator: latency calibration, traces, fleet mechanics, the Ray model, and the benchmark targets."""
+"""The request-level simulator: the engine model, traces and their CSV format, the fleet, the calibration
+file, and the benchmark's judge."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from autoscale import bench
-from autoscale.policy import MetricsSnapshot
-from autoscale.sim import (
-    HeadroomPolicy,
-    LadderPoint,
-    LatencyModel,
-    RayDefaultPolicy,
-    ScaleEvent,
-    StaticPolicy,
-    Trace,
-    _direction_stats,
-    bursty_trace,
-    constant_trace,
-    diurnal_trace,
-    plot,
-    simulate,
-    step_trace,
-    to_table,
-    trace_from_csv,
+from autoscale import bench, tune
+from autoscale.calibrate import Point, replay_point
+from autoscale.calibration import DEFAULT_CALIBRATION, EngineCost, EngineLimits, load_calibration
+from autoscale.replica_engine import ReplicaEngine, Requests
+from autoscale.replica_stats import ReplicaStatsWindow
+from autoscale.scenarios import PEAK_RPS_RANGE, SYNTHETIC_KINDS, TraceSpec, build_trace
+from autoscale.sim import ScaleEvent, SimSetup, StaticPolicy, direction_stats, simulate
+from autoscale.workload import (
+    RequestTrace,
+    constant_rate,
+    read_trace_csv,
+    scale_rate,
+    step_rate,
+    synthesize,
+    write_trace_csv,
 )
 
-# --------------------------------------------------------------------------------------------------------
-# Latency model
-# --------------------------------------------------------------------------------------------------------
-
-
-def test_default_ladder_hits_the_lab_anchors() -> None:
-    lat = LatencyModel()
-    assert lat.ttft_p50_ms(32) == pytest.approx(193.0)
-    assert lat.ttft_p50_ms(64) == pytest.approx(209.0)
-    assert [p.concurrency for p in lat.ladder if p.measured] == [32, 64]
-    assert lat.kv_cache_tokens == 794_704
-
-
-def test_curves_interpolate_and_grow_with_batch() -> None:
-    lat = LatencyModel()
-    assert lat.ttft_p50_ms(48) == pytest.approx((193.0 + 209.0) / 2)
-    c = np.array([1, 16, 64, 128, 256])
-    assert np.all(np.diff(lat.ttft_p95_ms(c)) > 0)
-    assert np.all(np.diff(lat.tpot_ms(c)) > 0)
-    # the lognormal puts p95 where the ladder says
-    sigma = lat.ttft_sigma(64)
-    assert lat.ttft_p50_ms(64) * math.exp(1.6448536 * sigma) == pytest.approx(lat.ttft_p95_ms(64), rel=1e-6)
-
-
-def test_slo_capacity_is_consistent() -> None:
-    lat = LatencyModel()
-    c500 = lat.slo_concurrency(500.0)
-    assert lat.ttft_p95_ms(c500) <= 500.0 < lat.ttft_p95_ms(c500 + 1)
-    assert lat.capacity_rps(1000.0) > lat.capacity_rps(500.0) > 0
-    assert lat.capacity_rps(500.0) == pytest.approx(c500 / lat.mean_service_s(c500))
-
-
-def test_prompt_length_scales_prefill() -> None:
-    assert LatencyModel(prompt_tokens=1024).ttft_p50_ms(64) == pytest.approx(209.0 / 2)
-
-
-def test_prefix_cached_preset_applies_the_lab_ratios() -> None:
-    cached = LatencyModel.qwen3_8b_h200(prefix_cached=True)
-    assert cached.ttft_p50_ms(32) == pytest.approx(84.0)
-    assert cached.tpot_ms(64) == pytest.approx(22.0 / 2.5)
-
-
-@pytest.mark.parametrize("wrap", ["list", "points", "ladder"])
-def test_ladder_loads_from_json(tmp_path: Path, wrap: str) -> None:
-    points = [
-        {"concurrency": 64, "ttft_p50_ms": 150, "ttft_p95_ms": 260, "tpot_p50_ms": 18, "extra": "ignored"},
-        {"concurrency": 1, "ttft_p50_ms": 40, "ttft_p95_ms": 55, "tpot_p50_ms": 6},
-    ]
-    data = points if wrap == "list" else {wrap: points, "prompt_tokens": 1024, "unknown": 1}
-    path = tmp_path / "ladder.json"
-    path.write_text(json.dumps(data))
-    lat = LatencyModel.from_json(path, output_tokens_mean=128.0)
-    assert [p.concurrency for p in lat.ladder] == [1, 64]
-    assert all(p.measured for p in lat.ladder)
-    assert lat.output_tokens_mean == 128.0
-    assert lat.prompt_tokens == (2048 if wrap == "list" else 1024)
-    assert str(path) in lat.source
-
-
-@pytest.mark.parametrize(
-    ("points", "words"),
-    [
-        ([{"concurrency": 1, "ttft_p50_ms": 40, "tpot_p50_ms": 6}], "ttft_p95_ms"),
-        (
-            [
-                {"concurrency": 8, "ttft_p50_ms": 40, "ttft_p95_ms": 30, "tpot_p50_ms": 6},
-            ],
-            "must be >= ttft_p50_ms",
-        ),
-    ],
+REPO = Path(__file__).resolve().parents[2]
+COST = EngineCost(
+    step_ms=5.0,
+    prefill_ms_per_token=0.02,
+    decode_ms_per_seq=0.02,
+    attention_ms_per_kv_token=0.0,
+    request_overhead_ms=10.0,
 )
-def test_bad_ladders_say_what_is_wrong(points, words) -> None:
-    with pytest.raises(ValueError, match=words):
-        LatencyModel.from_json(points)
+LIMITS = EngineLimits(
+    max_num_seqs=8, max_num_batched_tokens=2048, kv_cache_tokens=100_000, max_ongoing_requests=16
+)
 
 
-def test_ladder_concurrencies_must_increase() -> None:
-    with pytest.raises(ValueError, match="strictly increasing"):
-        LatencyModel(ladder=(LadderPoint(8, 1, 2, 3), LadderPoint(8, 1, 2, 3)))
+def engine(req: Requests, limits: EngineLimits = LIMITS) -> ReplicaEngine:
+    return ReplicaEngine(COST, limits, req, ReplicaStatsWindow(10.0), 0.0)
+
+
+def trace(
+    arrivals: list[float], prompt: int = 100, output: int = 10, duration_s: float = 60.0
+) -> RequestTrace:
+    n = len(arrivals)
+    return RequestTrace("t", np.array(arrivals), np.full(n, prompt), np.full(n, output), duration_s)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_one_request_prefills_then_decodes_a_token_a_step() -> None:
+    req = Requests.create([0.0], [1000], [5])
+    e = engine(req)
+    e.submit(0, 0.0)
+    e.advance(10.0)
+    # first token: overhead + one step with 1000 prompt tokens; then 4 decode steps of 5.02 ms
+    assert req.ttft_ms[0] == pytest.approx(10.0 + 5.0 + 20.0)
+    assert req.finished_s[0] == pytest.approx((25.0 + 4 * 5.02) / 1000)
+    stats = e.window.engine
+    assert (stats.steps, stats.prompt_tokens, stats.generation_tokens, stats.finished) == (5, 1000, 5, 1)
+    assert stats.decode_step_floor_ms == pytest.approx(5.02)
+
+
+def test_a_long_prompt_is_chunked_by_the_step_budget() -> None:
+    req = Requests.create([0.0], [5000], [1])
+    e = engine(req)
+    e.submit(0, 0.0)
+    e.advance(10.0)
+    chunks = [2048, 2048, 904]
+    assert req.ttft_ms[0] == pytest.approx(10.0 + sum(5.0 + 0.02 * c for c in chunks))
+
+
+def test_sequence_slots_make_requests_wait() -> None:
+    req = Requests.create([0.0] * 3, [10] * 3, [100] * 3)
+    e = engine(req, EngineLimits(2, 2048, 100_000, 16))
+    for rid in range(3):
+        e.submit(rid, 0.0)
+    e.advance(10.0)
+    assert req.ttft_ms[2] >= req.finished_s[0] * 1000  # the third waits for a slot
+
+
+def test_kv_cache_limits_admission() -> None:
+    req = Requests.create([0.0] * 2, [600] * 2, [100] * 2)
+    e = engine(req, EngineLimits(8, 2048, 1000, 16))  # room for one request's 700 tokens
+    for rid in range(2):
+        e.submit(rid, 0.0)
+    e.advance(10.0)
+    assert req.ttft_ms[1] >= req.finished_s[0] * 1000
+
+
+def test_jumping_decode_stretches_matches_small_steps() -> None:
+    arrivals = [0.0, 0.003, 0.05, 0.2]
+    results = []
+    for every_s in (10.0, 0.001):
+        req = Requests.create(arrivals, [300, 50, 700, 20], [40, 80, 10, 5])
+        e, t, rid = engine(req), 0.0, 0
+        while t < 10.0:
+            t += every_s
+            while rid < len(arrivals) and arrivals[rid] <= t:
+                e.advance(arrivals[rid])
+                e.submit(rid, arrivals[rid])
+                rid += 1
+            e.advance(t)
+        results.append((req.ttft_ms, req.finished_s))
+    assert results[0][0] == pytest.approx(results[1][0]) and results[0][1] == pytest.approx(results[1][1])
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -117,226 +119,234 @@ def test_ladder_concurrencies_must_increase() -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
-def test_trace_shapes() -> None:
-    c = constant_trace(30.0, 600.0)
-    assert len(c.rate_rps) == 600 and c.peak_rps == c.mean_rps == 30.0
-    s = step_trace(10.0, 50.0, up_at_s=100.0, down_at_s=200.0, duration_s=300.0)
-    assert s.rate_rps[99] == 10.0 and s.rate_rps[100] == 50.0 and s.rate_rps[200] == 10.0
-    d = diurnal_trace(40.0, 20.0, period_s=1000.0, duration_s=1000.0)
-    assert d.rate_rps[0] == pytest.approx(20.0) and d.rate_rps[500] == pytest.approx(60.0)
+def test_synthetic_traces_are_seeded_and_follow_their_rate() -> None:
+    a = synthesize("s", step_rate(10.0, 30.0, 100.0, 200.0), 300.0, seed=3)
+    b = synthesize("s", step_rate(10.0, 30.0, 100.0, 200.0), 300.0, seed=3)
+    assert np.array_equal(a.arrival_s, b.arrival_s) and np.array_equal(a.output_tokens, b.output_tokens)
+    per_min = a.rate_per_bin(100.0)
+    assert per_min[0] == pytest.approx(10.0, rel=0.2) and per_min[1] == pytest.approx(30.0, rel=0.15)
+    assert a.prompt_tokens.max() + a.output_tokens.max() <= 2 * 8192
 
 
-def test_bursty_trace_is_seeded() -> None:
-    a, b, c = bursty_trace(seed=3), bursty_trace(seed=3), bursty_trace(seed=4)
-    assert np.array_equal(a.rate_rps, b.rate_rps)
-    assert not np.array_equal(a.rate_rps, c.rate_rps)
-    assert a.rate_rps.min() >= 25.0 and a.peak_rps > 1.5 * 25.0
+def test_csv_round_trip_and_azure_timestamps(tmp_path: Path) -> None:
+    t = synthesize("x", constant_rate(5.0), 60.0, seed=1)
+    back = read_trace_csv(write_trace_csv(t, tmp_path / "x.csv"))
+    assert back.requests == t.requests and np.array_equal(back.output_tokens, t.output_tokens)
+    assert back.arrival_s == pytest.approx(t.arrival_s - t.arrival_s[0], abs=1e-3)
+    azure = tmp_path / "azure.csv"
+    azure.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+        "2023-11-16 18:15:48.0000000,10,0\n"
+    )
+    tr = read_trace_csv(azure)
+    assert tr.arrival_s.tolist() == pytest.approx([0.0, 1.31941, 4.31458], abs=1e-5)
+    assert tr.prompt_tokens.tolist() == [374, 10, 396] and tr.output_tokens.tolist() == [44, 1, 109]
 
 
-def test_trace_from_csv(tmp_path: Path) -> None:
-    p = tmp_path / "t.csv"
-    p.write_text("time_s,rps\n0,10\n10,20\n20,20\n")
-    tr = trace_from_csv(p)
-    assert tr.name == "t" and len(tr.rate_rps) == 21
-    assert tr.rate_rps[5] == pytest.approx(15.0) and tr.rate_rps[20] == 20.0
+def test_csv_needs_the_public_trace_columns(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
-    bad.write_text("t,r\n0,1\n")
-    with pytest.raises(ValueError, match="time_s,rps"):
-        trace_from_csv(bad)
+    bad.write_text("time_s,rps\n0,1\n")
+    with pytest.raises(ValueError, match="TIMESTAMP,ContextTokens,GeneratedTokens"):
+        read_trace_csv(bad)
+
+
+def test_rate_scale_keeps_the_shape_and_the_duration() -> None:
+    t = synthesize("x", step_rate(5.0, 15.0, 300.0, 600.0), 900.0, seed=2)
+    for factor in (0.5, 2.5):
+        s = scale_rate(t, factor, seed=1)
+        assert s.duration_s == t.duration_s
+        assert s.requests == pytest.approx(factor * t.requests, rel=0.05)
+        assert s.rate_per_bin(300.0) == pytest.approx(factor * t.rate_per_bin(300.0), rel=0.1)
+
+
+def test_benchmark_traces_are_sized_to_their_peak() -> None:
+    for kind in SYNTHETIC_KINDS:
+        tr = build_trace(TraceSpec(kind, 1))
+        assert tr.duration_s == 3600.0
+        if kind != "bursty":  # bursts may overlap
+            assert PEAK_RPS_RANGE[0] * 0.9 <= tr.peak_rps(60.0) <= PEAK_RPS_RANGE[1] * 1.1, kind
 
 
 # --------------------------------------------------------------------------------------------------------
-# Fleet mechanics
+# The fleet
 # --------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _AskOnce:
-    """Asks for ``replicas`` at the first control tick, then holds."""
+def setup(initial: int = 1, startup_s: float = 30.0, **kw: Any) -> SimSetup:
+    return SimSetup(COST, LIMITS, ttft_target_ms=1000.0, startup_s=startup_s, initial_replicas=initial, **kw)
 
-    replicas: int
-    name: str = "ask-once"
-    control_interval_s: float = 5.0
+
+class AskAt:
+    """Asks for ``replicas`` at ``t_s``."""
+
+    name = "ask"
+
+    def __init__(self, t_s: float, replicas: int) -> None:
+        self.t_s, self.replicas = t_s, replicas
 
     def reset(self) -> None:
         pass
 
-    def __call__(self, view) -> tuple[int, str]:
-        return self.replicas, "test"
+    def __call__(self, fleet: Any) -> tuple[int, str, str]:
+        return (self.replicas if fleet.now_s >= self.t_s else fleet.target_replicas), "test", "test"
+
+
+def test_a_static_fleet_costs_its_size_and_serves_everything() -> None:
+    r = simulate(trace([i * 0.5 for i in range(100)]), StaticPolicy(2), setup(2))
+    assert r.replica_hours == pytest.approx(2 * 60 / 3600) and r.attainment == 1.0 and r.failed == 0
 
 
 def test_new_replicas_serve_only_after_startup() -> None:
-    tr = constant_trace(5.0, 400.0)
-    r = simulate(tr, _AskOnce(3), initial_replicas=1, replica_startup_s=120.0, seed=2)
-    tl = r.timeline
-    assert tl is not None
-    assert tl.ready[4] == 1 and tl.provisioned[5] == 3  # asked at t=5, paid from then
-    assert tl.ready[124] == 1 and tl.ready[125] == 3  # serving from t=5+120
-    assert r.scale_events == 1 and r.events[0] == ScaleEvent(5.0, 1, 3, "test")
+    r = simulate(
+        trace([40.0 + i * 0.01 for i in range(10)]),
+        AskAt(10.0, 1),
+        setup(0, startup_s=45.0),
+        keep_timeline=True,
+    )
+    assert r.timeline is not None and r.timeline["ready"][50] == 0 and r.timeline["ready"][56] == 1
+    # asked for at 10 s, serving at 55 s: the requests at 40 s waited about 15 s at the router
+    assert r.ttft_p50_ms > 14_000 and r.attainment == 0.0
+    assert r.replica_hours == pytest.approx(50 / 3600)
 
 
-def test_static_fleet_costs_exactly_its_size() -> None:
-    tr = constant_trace(20.0, 1800.0)
-    r = simulate(tr, StaticPolicy(4), initial_replicas=4, seed=1)
-    assert r.replica_hours == pytest.approx(4 * 0.5)
-    assert r.direction_changes == 0 and r.scale_events == 0
-    assert r.served == r.requests and r.requests == pytest.approx(20 * 1800, rel=0.05)
+def test_a_removed_replica_finishes_its_requests_or_fails_them() -> None:
+    long = RequestTrace("t", np.array([0.0]), np.array([10]), np.array([10_000]), 60.0)
+    r = simulate(long, AskAt(5.0, 0), setup(1, graceful_shutdown_s=20.0))
+    assert r.failed == 1 and r.attainment == 0.0
+    assert r.replica_hours == pytest.approx(25 / 3600)
 
 
 def test_simulation_is_deterministic() -> None:
-    tr = bursty_trace(duration_s=1800.0, seed=5)
-    cfg = bench.tuned_policy_config(LatencyModel())
-    a = simulate(tr, HeadroomPolicy(cfg), initial_replicas=2, seed=9)
-    b = simulate(tr, HeadroomPolicy(cfg), initial_replicas=2, seed=9)
-    assert a.to_dict(events=True) == b.to_dict(events=True)
-    assert np.array_equal(a.timeline.provisioned, b.timeline.provisioned)  # type: ignore[union-attr]
-
-
-def test_overload_misses_the_target_and_capacity_meets_it() -> None:
-    lat = LatencyModel()
-    rate = 2.0 * lat.capacity_rps(500.0)
-    tr = constant_trace(rate, 600.0)
-    short = simulate(tr, StaticPolicy(1), lat, initial_replicas=1, seed=1)
-    ample = simulate(tr, StaticPolicy(4), lat, initial_replicas=4, seed=1)
-    assert short.attainment < 0.5 and short.ttft_p95_ms > 5000
-    assert ample.attainment > 0.99 and ample.ttft_p95_ms < 500
-
-
-def test_scale_from_zero_serves_the_waiting_requests() -> None:
-    lat = LatencyModel()
-    cfg = bench.tuned_policy_config(lat, min_replicas=0, replica_startup_s=60.0)
-    tr = constant_trace(2.0, 600.0)
-    r = simulate(tr, HeadroomPolicy(cfg), lat, initial_replicas=0, replica_startup_s=60.0, seed=4)
-    assert r.events[0].from_replicas == 0 and r.events[0].to_replicas >= 1 and r.events[0].t_s == 5.0
-    assert "zero" in r.events[0].reason
-    assert r.served == r.requests  # the ones that queued during the cold start were served too
-    assert r.ttft_p99_ms > 50_000  # ... after waiting for the start-up
-    assert r.timeline is not None and r.timeline.ready[64] == 0 and r.timeline.ready[65] >= 1
-
-
-def test_snapshot_reflects_the_fleet() -> None:
-    seen: list[MetricsSnapshot] = []
-
-    @dataclass
-    class Spy:
-        name: str = "spy"
-        control_interval_s: float = 60.0
-
-        def reset(self) -> None:
-            pass
-
-        def __call__(self, view) -> tuple[int, str]:
-            seen.append(view.snapshot(30.0, 15.0))
-            return 3, "spy"
-
-    simulate(constant_trace(20.0, 200.0), Spy(), initial_replicas=2, replica_startup_s=90.0, seed=1)
-    first, second = seen[0], seen[1]
-    assert first.current_replicas == 2 and len(first.replicas) == 2 and first.target_replicas == 2
-    assert first.arrival_rate_rps == pytest.approx(20.0, rel=0.35)
-    assert all(r.ttft_p95_ms is not None and r.ttft_samples > 0 for r in first.replicas)
-    assert second.target_replicas == 3 and second.replicas_starting == 1 and second.current_replicas == 2
-
-
-# --------------------------------------------------------------------------------------------------------
-# Ray's default policy, modelled
-# --------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _View:
-    now_s: float
-    current_replicas: int
-    target_replicas: int
-    ongoing: float
-    replicas_starting: int = 0
-
-    def mean_ongoing_requests(self, look_back_s: float) -> float:
-        return self.ongoing
-
-    def snapshot(self, window_s: float, rate_window_s: float):  # pragma: no cover - unused
-        raise NotImplementedError
-
-
-def test_ray_model_waits_upscale_delay_then_jumps_to_ceil() -> None:
-    ray = RayDefaultPolicy(target_ongoing_requests=10.0, upscale_delay_s=30.0)
-    for t in range(0, 30, 5):
-        n, _ = ray(_View(float(t), 2, 2, ongoing=55.0))
-        assert n == 2
-    n, why = ray(_View(30.0, 2, 2, ongoing=55.0))
-    assert n == 6 and "55.0 ongoing" in why
-
-
-def test_ray_model_downscale_waits_600s_and_a_break_resets_it() -> None:
-    ray = RayDefaultPolicy(target_ongoing_requests=10.0)
-    assert ray(_View(0.0, 6, 6, ongoing=12.0))[0] == 6
-    assert ray(_View(590.0, 6, 6, ongoing=12.0))[0] == 6
-    assert ray(_View(595.0, 6, 6, ongoing=60.0))[0] == 6  # back to balance: the timer resets
-    assert ray(_View(600.0, 6, 6, ongoing=12.0))[0] == 6
-    assert ray(_View(1200.0, 6, 6, ongoing=12.0))[0] == 2
-
-
-def test_ray_model_cold_start_and_bounds() -> None:
-    ray = RayDefaultPolicy(target_ongoing_requests=10.0, min_replicas=0, max_replicas=5)
-    assert ray(_View(0.0, 0, 0, ongoing=3.0))[0] == 1
-    ray.reset()
-    for t in (0.0, 30.0):
-        n, _ = ray(_View(t, 2, 2, ongoing=500.0))
-    assert n == 5
-
-
-# --------------------------------------------------------------------------------------------------------
-# Reporting
-# --------------------------------------------------------------------------------------------------------
+    t = synthesize("c", constant_rate(30.0), 120.0, seed=4)
+    a, b = (simulate(t, StaticPolicy(2), setup(2, seed=9)) for _ in range(2))
+    assert a.summary() == b.summary()
 
 
 @pytest.mark.parametrize(
     ("moves", "changes", "worst"),
     [
-        ([(0, 1, 2), (10, 2, 3)], 0, 0),
-        ([(0, 1, 2), (10, 2, 1), (20, 1, 2)], 2, 2),
-        ([(0, 1, 2), (10, 2, 1), (700, 1, 2), (1400, 2, 1)], 3, 1),
+        ([(0, 1, 2), (60, 2, 3)], 0, 0),
+        ([(0, 1, 2), (60, 2, 1), (120, 1, 2)], 2, 2),
+        ([(0, 1, 2), (700, 2, 1), (1400, 1, 2)], 2, 1),
     ],
 )
-def test_direction_changes(moves, changes, worst) -> None:
-    events = [ScaleEvent(float(t), a, b, "x") for t, a, b in moves]
-    assert _direction_stats(events) == (changes, worst)
+def test_direction_changes(moves: list[tuple[int, int, int]], changes: int, worst: int) -> None:
+    events = [ScaleEvent(float(t), a, b, "x", "x") for t, a, b in moves]
+    assert direction_stats(events) == (changes, worst)
 
 
-def test_table_and_plot(tmp_path: Path) -> None:
-    tr = Trace("tiny", np.full(300, 10.0))
-    rs = [
-        simulate(tr, StaticPolicy(2), initial_replicas=2, seed=1),
-        simulate(tr, _AskOnce(1), initial_replicas=2, seed=1),
+# --------------------------------------------------------------------------------------------------------
+# Calibration
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_calibration_says_where_every_constant_comes_from() -> None:
+    cal = load_calibration()
+    for name, c in cal.constants.items():
+        assert c.status in ("measured", "assumed") and c.source, name
+        if c.status == "measured":
+            assert "results/gpu" in c.source or "issue 12" in c.source, name
+    assert cal.constants["attention_ms_per_kv_token"].status == "assumed"
+
+
+def test_calibration_file_matches_the_simulator_and_the_fitted_measurements() -> None:
+    """The file's recorded simulated values are what the simulator gives now (code and data agree), and
+    the fitted metrics are within 20% of the measurements (the known TTFT gap is not fitted)."""
+    cal = load_calibration()
+    limits = EngineLimits(96, 8192, 794_064, 100_000)
+    for row in cal.points:
+        p = Point.from_dict(row)
+        sim = replay_point(p, cal.cost, limits)
+        assert sim == pytest.approx(row["simulated"], rel=1e-6), p.label
+        for m in p.fit:
+            if getattr(p, m) is not None:
+                assert sim[m] == pytest.approx(getattr(p, m), rel=0.2), (p.label, m)
+
+
+def test_deployment_inputs_match_the_configs() -> None:
+    from loadtests.autoscale_inputs import deployment_inputs
+
+    committed = json.loads((REPO / "results/autoscale/deployment.json").read_text())
+    assert deployment_inputs(committed["configs"], 8, 2) == committed, "re-run: make bench-autoscale"
+
+
+# --------------------------------------------------------------------------------------------------------
+# The judge and the tuning objective
+# --------------------------------------------------------------------------------------------------------
+
+
+def pooled_row(att: float, hours: float, dirs: int = 0) -> dict[str, Any]:
+    return {
+        "seeds": 10,
+        "requests": 1000,
+        "missed": round(1000 * (1 - att)),
+        "attainment": att,
+        "attainment_min": att,
+        "attainment_max": att,
+        "seeds_below_target": 0 if att >= 0.99 else 10,
+        "replica_hours": hours,
+        "cost_ratio": hours / 100.0,
+        "cost_ratio_min": hours / 100.0,
+        "cost_ratio_max": hours / 100.0,
+        "max_direction_changes_per_10min": dirs,
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "peak", "ours", "ray", "verdicts"),
+    [
+        ("constant", 1.0, pooled_row(0.995, 104.0), pooled_row(0.99, 110.0), [True, True, True, True]),
+        (
+            "constant",
+            1.0,
+            pooled_row(0.995, 106.0, dirs=2),
+            pooled_row(0.99, 110.0),
+            [True, False, True, False],
+        ),
+        ("bursty", 2.0, pooled_row(0.985, 84.0), pooled_row(0.99, 80.0), [False, True, False]),
+        ("step", 1.3, pooled_row(0.999, 99.0), pooled_row(0.98, 99.0), [True, None, True]),
+        ("diurnal", 1.7, pooled_row(0.991, 86.0, dirs=1), pooled_row(0.95, 90.0), [True, False, True, True]),
+    ],
+)
+def test_targets_are_judged_on_every_trace(
+    kind: str, peak: float, ours: dict[str, Any], ray: dict[str, Any], verdicts: list[bool | None]
+) -> None:
+    summary = {
+        kind: {
+            "peak_to_mean": [peak],
+            "static_replicas": [10],
+            "policies": {"headroom": ours, "ray-tuned": ray},
+        }
+    }
+    assert [c.passed for c in bench.check_targets(summary)] == verdicts
+
+
+def test_tuning_score_counts_the_benchmarks_targets() -> None:
+    rows = [
+        {
+            "trace": "constant",
+            "requests": 100,
+            "attainment": 1.0,
+            "replica_hours": 5.0,
+            "max_direction_changes_per_10min": 0,
+        },
+        {
+            "trace": "bursty",
+            "requests": 100,
+            "attainment": 0.95,
+            "replica_hours": 8.0,
+            "max_direction_changes_per_10min": 3,
+        },
     ]
-    table = to_table(rs)
-    assert table.count("\n") == 3 and "| tiny | static |" in table and "1.00x" in table
-    png = plot(rs, tmp_path / "tiny.png")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    s = tune.score(rows, {"constant": 5.0, "bursty": 10.0}, {"constant": 1.0, "bursty": 2.0})
+    # constant: 99% yes, <= 1.05x yes, direction changes yes; bursty: 99% no, <= 0.85x yes
+    assert s["targets_met"] == 4 and s["attainment_all"] == pytest.approx(0.975)
+    assert s["mean_cost_ratio"] == pytest.approx(0.9)
 
 
-# --------------------------------------------------------------------------------------------------------
-# Behaviour over whole traces (the benchmark's targets)
-# --------------------------------------------------------------------------------------------------------
-
-
-def test_constant_load_for_an_hour_does_not_oscillate() -> None:
-    lat = LatencyModel()
-    cfg = bench.tuned_policy_config(lat)
-    tr = constant_trace(40.0, 3600.0)
-    r = simulate(
-        tr, HeadroomPolicy(cfg), lat, initial_replicas=bench.initial_replicas(tr, lat, 500.0), seed=3
-    )
-    assert r.max_direction_changes_per_10min <= 1
-    assert r.direction_changes <= 1
-    assert r.attainment >= 0.99
-
-
-def test_bursty_targets() -> None:
-    lat = LatencyModel()
-    cfg = bench.tuned_policy_config(lat)
-    results = []
-    for tr in (bursty_trace(), constant_trace()):
-        results += bench.run_trace(tr, lat, cfg, keep_timeline=False)
-    checks = bench.check_targets(results)
-    failed = [f"{c.name}: {c.detail}" for c in checks if not c.passed]
-    assert not failed, failed
+def test_rates_never_go_negative_in_a_short_run() -> None:
+    r = simulate(trace([]), StaticPolicy(1), setup(1))
+    assert r.requests == 0 and r.attainment == 1.0 and not math.isnan(r.replica_hours)
+    assert DEFAULT_CALIBRATION.exists()

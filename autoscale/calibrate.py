@@ -1,0 +1,210 @@
+"""Fits the simulated engine's step costs to closed-loop measurements, and writes the calibration file.
+
+A measurement point is a closed-loop run on one replica: ``concurrency`` clients, each sending its next
+request when its last one ends, prompts of ``prompt_tokens`` and exactly ``output_tokens`` generated
+(``--ignore-eos``), ``requests`` in all; measured TTFT p50, TPOT p50 and output tokens/s. The same run is
+replayed on :class:`~autoscale.replica_engine.ReplicaEngine`, and the step costs are fitted (coordinate
+search in log space) to the points' relative errors. ``attention_ms_per_kv_token`` stays at the file's
+value (the points here cannot tell it from the per-sequence decode cost).
+
+    python -m autoscale.calibrate --points autoscale/data/h200_points.json \\
+        [--ladder results/gpu/ladder-random-1024/results.json:1024 ...] \\
+        --out autoscale/data/h200_qwen3_8b.json
+
+``--vllm-bench PATH...`` adds `vllm bench serve --save-result` runs (closed loop at ``--max-concurrency``,
+lengths from their token totals). ``--ladder PATH:PROMPT_TOKENS`` adds every step of a ``headroom ladder``
+run (its recommended setting) as a point, with the prompt length the ladder sent and the ladder's
+``max_tokens`` as output. Each point lists the metrics the fit matches (``fit``); the step model has no
+API-server queue, so TTFT at high concurrency is kept as a check, not fitted (the file's points show how
+far off it is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoscale.calibration import DEFAULT_CALIBRATION, EngineCost, EngineLimits, load_calibration
+from autoscale.replica_engine import ReplicaEngine, Requests
+from autoscale.replica_stats import ReplicaStatsWindow
+
+__all__ = ["Point", "fit", "main", "replay_point"]
+
+FITTED = ("step_ms", "prefill_ms_per_token", "decode_ms_per_seq", "request_overhead_ms")
+METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One closed-loop measurement (``None`` where a metric was not measured)."""
+
+    label: str
+    source: str
+    concurrency: int
+    prompt_tokens: int
+    output_tokens: int
+    requests: int
+    ttft_p50_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    output_tokens_per_s: float | None = None
+    fit: tuple[str, ...] = METRICS
+    """The metrics the fit matches; the others are kept as a check."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Point:
+        known = {k: d[k] for k in cls.__slots__ if k in d}
+        unknown = set(known.get("fit", ())) - set(METRICS)
+        if unknown:
+            raise ValueError(f"point {d.get('label')!r}: fit lists unknown metrics {sorted(unknown)}")
+        return cls(**{**known, "fit": tuple(known.get("fit", METRICS))})
+
+
+def replay_point(point: Point, cost: EngineCost, limits: EngineLimits) -> dict[str, float]:
+    """The point's closed-loop run on the simulated engine: every client starts at time 0."""
+    n = point.requests + point.concurrency
+    req = Requests.create([0.0] * n, [point.prompt_tokens] * n, [point.output_tokens] * n)
+    engine = ReplicaEngine(cost, limits, req, ReplicaStatsWindow(30.0), 0.0)
+    for rid in range(point.concurrency):
+        engine.submit(rid, 0.0)
+    sent, done = point.concurrency, 0
+    while done < point.requests and engine.step():
+        finished = engine.window.engine.finished
+        for _ in range(finished - done):
+            if sent < n:
+                req.arrival_s[sent] = engine.clock
+                engine.submit(sent, engine.clock)
+                sent += 1
+        done = finished
+    fin = np.array(req.finished_s[: point.requests])
+    ttft = np.array(req.ttft_ms[: point.requests])
+    arr = np.array(req.arrival_s[: point.requests])
+    tpot = ((fin - arr) * 1000.0 + cost.request_overhead_ms - ttft) / max(1, point.output_tokens - 1)
+    return {
+        "ttft_p50_ms": float(np.median(ttft)),
+        "tpot_p50_ms": float(np.median(tpot)),
+        "output_tokens_per_s": point.requests * point.output_tokens / float(np.nanmax(fin)),
+    }
+
+
+def _loss(points: Sequence[Point], cost: EngineCost, limits: EngineLimits) -> float:
+    total = 0.0
+    for p in points:
+        sim = replay_point(p, cost, limits)
+        for m in p.fit:
+            measured = getattr(p, m)
+            if measured is not None:
+                total += math.log(sim[m] / measured) ** 2
+    return total
+
+
+def fit(points: Sequence[Point], start: EngineCost, limits: EngineLimits, rounds: int = 6) -> EngineCost:
+    """Coordinate search in log space over :data:`FITTED`, halving the step each round."""
+    best, best_loss = start, _loss(points, start, limits)
+    step = math.log(2.0)
+    for _ in range(rounds):
+        improved = True
+        while improved:
+            improved = False
+            for name in FITTED:
+                for sign in (1.0, -1.0):
+                    trial = replace(best, **{name: getattr(best, name) * math.exp(sign * step)})
+                    loss = _loss(points, trial, limits)
+                    if loss < best_loss - 1e-12:
+                        best, best_loss, improved = trial, loss, True
+        step /= 2.0
+    return best
+
+
+def points_from_ladder(path: str, prompt_tokens: int) -> list[Point]:
+    """Every step of a ladder result's recommended (else last) run, as closed-loop points."""
+    data = json.loads(Path(path).read_text())
+    runs = data["runs"]
+    wanted = (data.get("recommendation") or {}).get("setting")
+    run = next((r for r in runs if r.get("setting") == wanted), runs[-1])
+    return [
+        Point(
+            label=f"ladder {run['setting']} c={s['concurrency']}",
+            source=path,
+            concurrency=int(s["concurrency"]),
+            prompt_tokens=prompt_tokens,
+            output_tokens=int(data["max_tokens"]),
+            requests=int(s["ok"]),
+            ttft_p50_ms=s.get("ttft_p50_ms"),
+            tpot_p50_ms=s.get("tpot_p50_ms"),
+            output_tokens_per_s=s.get("output_tokens_per_s"),
+            fit=METRICS if int(s["concurrency"]) == 1 else ("tpot_p50_ms", "output_tokens_per_s"),
+        )
+        for s in run["steps"]
+        if s.get("ok")
+    ]
+
+
+def point_from_vllm_bench(path: str) -> Point:
+    """One `vllm bench serve --save-result` run (closed loop at --max-concurrency) as a point."""
+    d = json.loads(Path(path).read_text())
+    done = int(d["completed"])
+    c = int(d["max_concurrency"])
+    return Point(
+        label=f"vllm bench c={c}, {d['total_input_tokens'] / done:.0f}/{d['total_output_tokens'] / done:.0f}",
+        source=path,
+        concurrency=c,
+        prompt_tokens=round(d["total_input_tokens"] / done),
+        output_tokens=round(d["total_output_tokens"] / done),
+        requests=done,
+        ttft_p50_ms=d["median_ttft_ms"],
+        tpot_p50_ms=d["median_tpot_ms"],
+        output_tokens_per_s=d["output_throughput"],
+        fit=METRICS if c == 1 else ("tpot_p50_ms", "output_tokens_per_s"),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autoscale.calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--points", help="JSON list of closed-loop points (see Point)")
+    ap.add_argument("--ladder", action="append", default=[], metavar="PATH:PROMPT_TOKENS")
+    ap.add_argument("--vllm-bench", nargs="+", default=[], metavar="PATH", help="vllm bench serve results")
+    ap.add_argument("--start", default=str(DEFAULT_CALIBRATION), help="calibration to start from")
+    ap.add_argument("--out", required=True, help="calibration file to write")
+    ap.add_argument("--max-num-seqs", type=int, default=256, help="engine max_num_seqs of the measured runs")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--kv-cache-tokens", type=int, default=794_064)
+    args = ap.parse_args(argv)
+
+    points = [Point.from_dict(p) for p in json.loads(Path(args.points).read_text())] if args.points else []
+    for spec in args.ladder:
+        path, _, tokens = spec.rpartition(":")
+        points += points_from_ladder(path, int(tokens))
+    points += [point_from_vllm_bench(path) for path in args.vllm_bench]
+    if not points:
+        ap.error("give --points, --ladder or --vllm-bench")
+    limits = EngineLimits(args.max_num_seqs, args.max_num_batched_tokens, args.kv_cache_tokens, 100_000)
+    start = load_calibration(args.start)
+    cost = fit(points, start.cost, limits)
+    sources = sorted({p.source for p in points})
+    cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sources))
+    attention = start.constants["attention_ms_per_kv_token"]
+    cal = replace(cal, constants={**cal.constants, "attention_ms_per_kv_token": attention})
+    rows = [{**asdict(p), "simulated": replay_point(p, cal.cost, limits)} for p in points]
+    cal = replace(cal, points=tuple(rows))
+    out = Path(args.out)
+    out.write_text(json.dumps(cal.to_dict(), indent=2) + "\n")
+    for r in rows:
+        sim = r["simulated"]
+        print(
+            f"{r['label']:<40} "
+            + "  ".join(f"{m} {r[m]!s:>8} sim {sim[m]:8.1f}" for m in METRICS if r[m] is not None)
+        )
+    print(f"wrote {out}: {json.dumps(asdict(cal.cost))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

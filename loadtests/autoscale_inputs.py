@@ -1,0 +1,65 @@
+"""Writes what the autoscaling benchmark needs to know about a deployment, from its config and plan.
+
+autoscale/ imports nothing from serve_app (its pure part must stay free of the planner and the config
+loader), so the numbers travel as data: the policy settings and TTFT target of the config, and the
+engine limits its plan gives each replica.
+
+    python -m loadtests.autoscale_inputs configs/base.yaml configs/prod.yaml --gpus 8 --nodes 2 \\
+        --out results/autoscale/deployment.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from serve_app.config.loading import load_config_files
+from serve_app.planning.from_config import cluster_spec, plan_config, require_fit
+
+
+def deployment_inputs(config_paths: Sequence[str], gpus: int, nodes: int) -> dict[str, Any]:
+    """The settings, TTFT target and per-replica engine limits of the config's plan."""
+    cfg = load_config_files(*config_paths)
+    if cfg.deployment.autoscaling is None:
+        raise SystemExit(f"{' + '.join(config_paths)}: deployment.autoscaling is not set")
+    plan = plan_config(cfg, cluster_spec(cfg, nodes=nodes, gpus_per_node=gpus))
+    require_fit(plan)
+    return {
+        "configs": list(config_paths),
+        "command": f"python -m loadtests.autoscale_inputs {' '.join(config_paths)} --gpus {gpus} "
+        f"--nodes {nodes}",
+        "ttft_target_ms": cfg.slo.ttft_p95_ms,
+        "max_model_len": cfg.model.max_model_len,
+        "autoscaling": cfg.deployment.autoscaling.model_dump(mode="json"),
+        "limits": {
+            "max_num_seqs": plan.max_num_seqs,
+            "max_num_batched_tokens": plan.max_num_batched_tokens,
+            "kv_cache_tokens": plan.kv_cache_tokens_per_replica,
+            "max_ongoing_requests": cfg.deployment.max_ongoing_requests,
+        },
+        "replicas_that_fit": plan.replicas,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m loadtests.autoscale_inputs", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("configs", nargs="+", help="config files, base first")
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs per node to plan for")
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(deployment_inputs(args.configs, args.gpus, args.nodes), indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
