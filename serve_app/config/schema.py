@@ -366,8 +366,8 @@ class DeploymentSection(BaseModel):
             "HAProxy, per POST, the replica that served the same session, conversation opening or prompt "
             "start before (rendezvous hashing), unless that replica is over its bounded share of the load, "
             "so prefixes meet a warm prefix cache; it costs one side call per POST (a few ms) and is meant "
-            "for 2+ replicas with multi-turn or session traffic (results/bench_routing: on the CPU box it "
-            "did not pay)."
+            "for 2+ replicas with multi-turn or session traffic. It has not paid in any run so far "
+            "(results/bench_routing on the CPU box; results/gpu/2026-12-01/routing on 2 H200s)."
         ),
     )
     health_check_period_s: float = Field(
