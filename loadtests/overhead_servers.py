@@ -224,7 +224,7 @@ def _serve_headroom(args: argparse.Namespace) -> None:
     from serve_app.config import load_config_files
     from serve_app.planning.from_config import cluster_spec
     from serve_app.serving.deployment import build_from_config
-    from serve_app.serving.serve_options import apply_cluster_env
+    from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
 
     stop = []
     cfg = load_config_files(*args.config)
@@ -239,6 +239,7 @@ def _serve_headroom(args: argparse.Namespace) -> None:
         log_to_driver=False,
         include_dashboard=False,
     )
+    keep_subprocess_exit_codes()
     # After ray.init, whose failure-signal handler would abort on SIGTERM without shutting the cluster down.
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:

@@ -27,7 +27,7 @@ from ray import serve
 
 from serve_app.config import DEFAULT_CONFIG_DIR, HeadroomConfig, deep_merge, load_config, parse_config
 from serve_app.serving.deployment import build_from_config
-from serve_app.serving.serve_options import apply_cluster_env
+from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
 
 HERE = Path(__file__).parent
 DRAFT_KEYS_ENV = "HEADROOM_TEST_DRAFT_KEYS"
@@ -116,6 +116,7 @@ def cluster() -> Cluster:
         logging_level="WARNING",
         log_to_driver=False,
     )
+    keep_subprocess_exit_codes()  # the tests check the exit codes of the CLIs and `make` they run
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     main, draft = overlay("ngram.yaml"), overlay("draft.yaml")
     for cfg in (main, draft):

@@ -12,6 +12,7 @@ import threading
 import time
 
 import httpx
+import openai
 import psutil
 import pytest
 from ray import serve
@@ -39,6 +40,24 @@ def wait_until_replaced(app: str, old: psutil.Process, timeout_s: float = 300) -
             return
         time.sleep(2)
     pytest.fail(f"{app} replica was not replaced within {timeout_s:.0f} s ({seen})")
+
+
+def assert_serves_again(cluster, prefix: str, model: str, timeout_s: float = 120) -> None:
+    """Waits until a completion through the app's route succeeds; fails with the answers seen meanwhile. (CI
+    once saw the first request after the replacement answered by a dead engine: a replica Serve already
+    reported RUNNING may still take requests that HAProxy routes by a table updated a moment later.)"""
+    client = cluster.client(prefix).with_options(max_retries=0, timeout=60)
+    deadline, seen = time.time() + timeout_s, []
+    while time.time() < deadline:
+        try:
+            r = client.completions.create(model=model, prompt="back", max_tokens=4)
+        except openai.APIError as err:
+            seen.append(f"{type(err).__name__}: {err}"[:200])
+            time.sleep(2)
+            continue
+        assert r.usage.completion_tokens == 4
+        return
+    pytest.fail(f"{prefix} did not serve again within {timeout_s:.0f} s: {seen[-3:]} ({len(seen)} failures)")
 
 
 def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(cluster):
@@ -73,8 +92,7 @@ def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(clus
 
     # The replica exits with its engine; Serve replaces it, and the app serves again.
     wait_until_replaced("draft", replica)
-    r = cluster.client("/draft").completions.create(model="tiny-qwen3-drafted", prompt="back", max_tokens=4)
-    assert r.usage.completion_tokens == 4
+    assert_serves_again(cluster, "/draft", "tiny-qwen3-drafted")
 
 
 def test_hard_killed_replica_leaves_no_engine_behind(cluster):
