@@ -11,6 +11,7 @@ An engine takes about a minute to start here, so every integration test shares t
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import socket
 import time
@@ -102,10 +103,24 @@ class Cluster:
 def cluster() -> Cluster:
     http_port, metrics_port = free_port(), free_port()
     apply_cluster_env(os.environ)  # the production settings (HAProxy ingress)
-    # HAProxy's stats and metrics listeners have fixed default ports: free ones, so that this cluster
-    # starts beside another one's HAProxy (another test run, or one left behind).
-    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
-    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
+    # Serve's own listeners have fixed default ports: HAProxy's stats and metrics, the Python fallback proxy
+    # (where HAProxy sends requests while an app has no running replica) and the replicas' HTTP/gRPC ports,
+    # several of them bound with SO_REUSEPORT. A cluster a test starts (make loadtest, a ladder) on the
+    # defaults would share those sockets with this one, and this one's apps would answer its requests. So
+    # this cluster gets ports of its own, set only while ray.init starts it (its processes inherit them) and
+    # then taken out of this process's environment again, leaving Ray's defaults to the clusters tests start.
+    replica_http, replica_grpc = random.randrange(33000, 34900, 100), random.randrange(43000, 44900, 100)
+    own_ports = {
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port()),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(replica_http),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(replica_http + 99),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(replica_grpc),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(replica_grpc + 99),
+    }
+    os.environ.update(own_ports)
     # The draft app's replica reads its key from the environment Ray's processes start with.
     os.environ[DRAFT_KEYS_ENV] = f"draft-{secrets.token_urlsafe(24)}"
     # A new local cluster, whatever /tmp/ray/ray_current_cluster points at (a stale one fails the session).
@@ -116,6 +131,8 @@ def cluster() -> Cluster:
         logging_level="WARNING",
         log_to_driver=False,
     )
+    for name in own_ports:
+        del os.environ[name]
     keep_subprocess_exit_codes()  # the tests check the exit codes of the CLIs and `make` they run
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     main, draft = overlay("ngram.yaml"), overlay("draft.yaml")

@@ -352,10 +352,7 @@ def start_make_loadtest(out: Path, marker: str) -> subprocess.Popen:
     venv = Path(sys.executable).parents[1]
     env = {**os.environ, "HEADROOM_TEST_MARKER": marker, "LOADTEST_OUT": str(out)}
     env.update(LOADTEST_DURATION="6s", LOADTEST_USERS="2")
-    # As a user's shell: no address of this session's cluster, and not its HAProxy ports (conftest picked
-    # free ones for it), which make loadtest's own cluster would otherwise try to bind again.
-    for name in ("RAY_ADDRESS", "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
-        env.pop(name, None)
+    env.pop("RAY_ADDRESS", None)
     # -o: the virtualenv counts as set up (it is: this test runs in it).
     cmd = ["make", "-o", str(venv / ".headroom-setup"), "loadtest", f"VENV={venv}"]
     return subprocess.Popen(
