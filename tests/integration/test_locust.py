@@ -347,6 +347,14 @@ def marked(marker: str) -> list[psutil.Process]:
     return found
 
 
+def as_from_a_terminal() -> None:
+    """Ctrl-C and Ctrl-\\ as a terminal gives them: a test runner started in the background (`cmd &`,
+    nohup) passes SIGINT and SIGQUIT on ignored, and a shell that starts with a signal ignored can neither
+    trap nor reset it, so make loadtest's traps and its server's Ctrl-C handling would never run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def start_make_loadtest(out: Path, marker: str) -> subprocess.Popen:
     assert not answers(LOADTEST_URL), "a server already answers on :8000; make loadtest would use it"
     venv = Path(sys.executable).parents[1]
@@ -360,6 +368,7 @@ def start_make_loadtest(out: Path, marker: str) -> subprocess.Popen:
         cwd=REPO,
         env=env,
         start_new_session=True,
+        preexec_fn=as_from_a_terminal,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
