@@ -79,6 +79,8 @@ def vllm_cli_args(cfg: HeadroomConfig, models: ResolvedModels, planned: PlannedE
         # The CPU backend sizes its KV cache from this (gpu_memory_utilization would reserve a share of RAM).
         if e.cpu_kv_cache_space_gib is not None:
             args += ["--kv-cache-memory-bytes", str(int(e.cpu_kv_cache_space_gib * GIB_BYTES))]
+        # Imported in the worker process: it requests the AMX registers vLLM's CPU attention uses.
+        args += ["--worker-extension-cls", "serve_app.serving.cpu_worker.RequestAMXTiles"]
     else:
         args += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
         args += ["--tensor-parallel-size", str(planned.tensor_parallel_size)]

@@ -41,8 +41,14 @@ def free_port() -> int:
 
 
 def engine_core_of(replica: psutil.Process) -> psutil.Process:
-    cores = [c for c in replica.children(recursive=True) if "EngineCore" in " ".join(c.cmdline())]
-    assert len(cores) == 1, cores
+    """The replica's vLLM engine-core process. vLLM names it `VLLM::EngineCore` with setproctitle where that
+    is installed (the command line changes) and with prctl otherwise (only the 15-character process name,
+    `VLLM::EngineCor`, changes), so both are looked at."""
+    tree = replica.children(recursive=True)
+    cores = [
+        c for c in tree if c.name().startswith("VLLM::EngineCor") or "EngineCore" in " ".join(c.cmdline())
+    ]
+    assert len(cores) == 1, (replica, [(c.pid, c.ppid(), c.name(), c.cmdline()[:2]) for c in tree])
     return cores[0]
 
 

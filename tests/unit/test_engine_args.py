@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import shlex
 from dataclasses import asdict
@@ -40,6 +41,10 @@ def test_local_config_flags():
     assert "--enable-prefix-caching" in args and "--enforce-eager" in args
     # gpu_memory_utilization reserves a share of RAM on the CPU backend: never passed there.
     assert "--gpu-memory-utilization" not in args and "--speculative-config" not in args
+    # The CPU worker imports this class's module first, which requests the AMX registers (cpu_worker.py).
+    extension = flag(args, "--worker-extension-cls")
+    module, _, name = extension.rpartition(".")
+    assert hasattr(importlib.import_module(module), name)
 
 
 def test_features_switch_off():
@@ -92,7 +97,7 @@ def test_gpu_flags_and_tensor_parallel():
     assert flag(args, "--max-num-seqs") == "64"  # the plan's safe value, not the config's
     # TP ranks must be Ray actors in the replica's placement group.
     assert flag(args, "--distributed-executor-backend") == "ray"
-    assert "--kv-cache-memory-bytes" not in args
+    assert "--kv-cache-memory-bytes" not in args and "--worker-extension-cls" not in args
     # The fusion pass that crashed TP=2 on the lab's H200 pair is off unless the config turns it on.
     assert json.loads(flag(args, "--compilation-config")) == {"pass_config": {"fuse_allreduce_rms": False}}
     fused = config(
@@ -150,6 +155,29 @@ def test_replicas_and_autoscaling_options():
     assert "num_replicas" not in opts
     assert opts["autoscaling_config"]["max_replicas"] == 3
     assert opts["ray_actor_options"] == {"num_cpus": 1}
+
+
+def test_serve_admission_is_a_backstop_behind_headroom_s_overload_bound():
+    """Serve's queue is as deep as its ongoing limit, not one bound: in direct ingress Serve counts each
+    arriving request as queued until it takes a slot, so a burst of clients returning after one Retry-After
+    would otherwise get Serve's plain-text 503s instead of headroom's JSON ones."""
+    cfg = config(engine={"max_num_seqs": 4}, deployment={"max_ongoing_requests": 4})
+    cfg = parse_config(
+        deep_merge(cfg.model_dump(mode="json"), {"security": {"overload": {"queue_fraction": 0}}})
+    )
+    opts = deployment_options(cfg, plan_config(cfg, cluster_spec(cfg)))
+    bound = 4  # max_num_seqs, no queue
+    assert opts["max_ongoing_requests"] == 2 * bound
+    assert opts["max_queued_requests"] == 2 * bound
+    overload = cfg.security.overload
+    assert opts["backpressure_config"] == {
+        "status_code": overload.status,
+        "retry_after_s": overload.retry_after_s,
+    }
+    no_refusal = parse_config(deep_merge(cfg.model_dump(mode="json"), {"security": {"overload": None}}))
+    assert "max_queued_requests" not in deployment_options(
+        no_refusal, plan_config(no_refusal, cluster_spec(no_refusal))
+    )
 
 
 def llama70_config(tmp_path, gpu_type: str):
