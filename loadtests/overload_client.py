@@ -31,7 +31,7 @@ class Outcome:
     retry_after: str | None = None
     error_json: bool = False  # a refusal's body was OpenAI's error JSON
     tokens: int = 0
-    error: str = ""
+    error: str = ""  # a transport error or an error event; for a refusal not in JSON, its body
 
     @property
     def completed(self) -> bool:
@@ -53,6 +53,10 @@ async def one_stream(
                 out.retry_after = r.headers.get("retry-after")
                 text = await r.aread()
                 out.error_json = text.startswith(b"{") and "error" in json.loads(text)
+                if not out.error_json:
+                    out.error = text[:120].decode(
+                        errors="replace"
+                    )  # whose refusal it was (Serve's, HAProxy's)
                 return out
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":

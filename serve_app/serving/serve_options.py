@@ -111,16 +111,19 @@ def deployment_options(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
 def admission_options(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
     """Serve's own admission per replica. With overload refusal on, headroom's ASGI layer holds the bound
     (it answers in OpenAI's error JSON; Serve's refusals are plain text), so Serve admits twice the bound
-    (generation requests, plus health checks, model lists and refusals being answered) and keeps a
-    queue of one bound behind it, a backstop refusing with the same status and Retry-After."""
+    (generation requests, plus health checks, model lists and refusals being answered) and keeps a queue
+    as deep again behind it: a backstop refusing with the same status and Retry-After. Not shallower: in
+    direct ingress Serve counts every arriving request as queued until it takes a slot, so refused
+    clients coming back together (one Retry-After later) met a queue of one bound with plain-text 503s."""
     d = cfg.deployment
     overload = cfg.security.overload
     if overload is None:
         return {"max_ongoing_requests": d.max_ongoing_requests}
     bound = overload.admission_bound(plan.max_num_seqs)
+    ongoing = max(d.max_ongoing_requests, 2 * bound)
     return {
-        "max_ongoing_requests": max(d.max_ongoing_requests, 2 * bound),
-        "max_queued_requests": bound,
+        "max_ongoing_requests": ongoing,
+        "max_queued_requests": ongoing,
         "backpressure_config": {"status_code": overload.status, "retry_after_s": overload.retry_after_s},
     }
 

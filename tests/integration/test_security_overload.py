@@ -62,12 +62,13 @@ def test_overload_at_4x_safe_concurrency_is_refused_fast_and_admitted_requests_k
     admitted = [o for o in every if o.status == 200]
     refused = [o for o in every if o.status in (429, 503)]
     assert all(o.completed for o in baseline), [o for o in baseline if not o.completed][:3]
-    assert all(o.status in (200, 429, 503) for o in every), [o for o in every if o.status not in (200, 503)][
-        :3
-    ]
+    assert all(o.status in (200, 429, 503) for o in every), [
+        o for o in every if o.status not in (200, 429, 503)
+    ][:3]
     assert all(o.completed for o in admitted), [o for o in admitted if not o.completed][:3]
     assert len(refused) > len(admitted) / 4  # 32 clients, room for 8: a refused client comes back after 1 s
-    assert all(o.retry_after == "1" and o.error_json for o in refused), refused[:3]
+    plain = [o for o in refused if not (o.retry_after == "1" and o.error_json)]
+    assert not plain, (len(plain), len(refused), plain[:3])
     # Refused in under 50 ms where the replica measures it (Ray Serve's request log). At the client the
     # tail is the machine's: the load generator, HAProxy and both engines share 2 CPUs (client p99 of
     # refusals 120-350 ms, of /health 50-120 ms, in the runs that set these bounds), so there only the
