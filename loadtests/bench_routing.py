@@ -43,7 +43,7 @@ from loadtests.measure import percentile
 from loadtests.smoke import locust_command
 from loadtests.streaming_client import StreamError, one_request, prompts, run_load
 from serve_app.config import HeadroomConfig, deep_merge, load_config_files, load_env_config, parse_config
-from serve_app.serving.serve_options import SERVE_CLUSTER_ENV, apply_cluster_env, keep_subprocess_exit_codes
+from serve_app.serving.serve_options import SERVE_CLUSTER_ENV, apply_cluster_env
 
 MODES = ("least_loaded", "prefix_affinity")
 HITS, QUERIES = "ray_vllm_prefix_cache_hits_total", "ray_vllm_prefix_cache_queries_total"
@@ -365,12 +365,12 @@ def start_cluster(accelerator: str) -> str:
         for key, value in LADDER_CLUSTER_ENV.items():
             os.environ.setdefault(key, value)
     apply_cluster_env(os.environ)  # before Ray Serve reads its settings
-    import ray
     from ray import serve
 
+    from serve_app.serving.driver import init_ray_driver
+
     num_cpus = 8 if accelerator == "cpu" and address == "local" else None
-    ray.init(address=address, num_cpus=num_cpus, logging_level="ERROR", log_to_driver=False)
-    keep_subprocess_exit_codes()
+    init_ray_driver(address=address, num_cpus=num_cpus, logging_level="ERROR", log_to_driver=False)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

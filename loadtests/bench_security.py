@@ -146,7 +146,8 @@ def e2e(rounds: int, requests: int, prompt_words: int, max_tokens: int, http_por
     from ray import serve
 
     from serve_app.serving.deployment import build_from_config
-    from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
+    from serve_app.serving.driver import init_ray_driver
+    from serve_app.serving.serve_options import apply_cluster_env
 
     local = load_env_config("local").model_dump(mode="json")
     guarded = GUARDED.model_dump(mode="json")
@@ -164,8 +165,7 @@ def e2e(rounds: int, requests: int, prompt_words: int, max_tokens: int, http_por
     ttft_ms: dict[str, list[float]] = {name: [] for name in apps}
     per_round = []
     try:
-        ray.init(address="local", num_cpus=8, logging_level="WARNING", log_to_driver=False)
-        keep_subprocess_exit_codes()
+        init_ray_driver(address="local", num_cpus=8, logging_level="WARNING", log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         for cfg in apps.values():
             serve.run(build_from_config(cfg), name=cfg.name, route_prefix=cfg.route_prefix)
@@ -210,7 +210,8 @@ def overload(queue_fractions: list[float], overload_s: float, http_port: int) ->
     from loadtests.overload_client import overload_drill
     from loadtests.processes import serve_replicas
     from serve_app.serving.deployment import build_from_config
-    from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
+    from serve_app.serving.driver import init_ray_driver
+    from serve_app.serving.serve_options import apply_cluster_env
 
     local = load_env_config("local").model_dump(mode="json")
     apply_cluster_env(os.environ)
@@ -218,8 +219,7 @@ def overload(queue_fractions: list[float], overload_s: float, http_port: int) ->
     gc.collect()
     gc.freeze()  # a full collection over vLLM's and torch's objects would stall this load generator
     try:
-        ray.init(address="local", num_cpus=8, logging_level="WARNING", log_to_driver=False)
-        keep_subprocess_exit_codes()
+        init_ray_driver(address="local", num_cpus=8, logging_level="WARNING", log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         for fraction in queue_fractions:
             overlay = {

@@ -260,7 +260,8 @@ def serve_cluster(opts: LadderOptions) -> Iterator[int]:
     import ray
     from ray import serve
 
-    from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
+    from serve_app.serving.driver import init_ray_driver
+    from serve_app.serving.serve_options import apply_cluster_env
 
     started = False
     if not ray.is_initialized():
@@ -273,8 +274,7 @@ def serve_cluster(opts: LadderOptions) -> Iterator[int]:
                 os.environ.setdefault(name, value)
         try:
             # "local": a stale /tmp/ray/ray_current_cluster must not make ray.init look for a dead cluster.
-            ray.init(address=address or "local", logging_level="ERROR", log_to_driver=False)
-            keep_subprocess_exit_codes()  # Locust runs as a subprocess; its exit code counts
+            init_ray_driver(address=address or "local", logging_level="ERROR", log_to_driver=False)
         finally:
             os.environ.clear()
             os.environ.update(saved)

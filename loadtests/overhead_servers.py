@@ -224,7 +224,8 @@ def _serve_headroom(args: argparse.Namespace) -> None:
     from serve_app.config import load_config_files
     from serve_app.planning.from_config import cluster_spec
     from serve_app.serving.deployment import build_from_config
-    from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
+    from serve_app.serving.driver import init_ray_driver
+    from serve_app.serving.serve_options import apply_cluster_env
 
     stop = []
     cfg = load_config_files(*args.config)
@@ -232,14 +233,13 @@ def _serve_headroom(args: argparse.Namespace) -> None:
     apply_cluster_env(os.environ)
     # Logs stay in Ray's files (this process is not the load generator, but keeps quiet all the same).
     # address="local": a new cluster, never one that `ray start` left running on this machine.
-    ray.init(
+    init_ray_driver(
         address="local",
         num_cpus=args.num_cpus,
         logging_level="WARNING",
         log_to_driver=False,
         include_dashboard=False,
     )
-    keep_subprocess_exit_codes()
     # After ray.init, whose failure-signal handler would abort on SIGTERM without shutting the cluster down.
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:

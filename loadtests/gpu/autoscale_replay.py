@@ -44,7 +44,7 @@ from loadtests import raw_stats, workloads
 from loadtests.gpu.scale import APP, ReplicaWatch, autoscaler_log_lines, variant
 from serve_app.config import HeadroomConfig, load_config_files
 from serve_app.planning.from_config import cluster_spec, plan_config
-from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
+from serve_app.serving.serve_options import apply_cluster_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN_S = 10.0
@@ -200,10 +200,10 @@ def run_on_gpus(cfg: HeadroomConfig, steps: str, args: argparse.Namespace) -> di
     from ray import serve
 
     from serve_app.serving.deployment import build_from_config
+    from serve_app.serving.driver import init_ray_driver
 
     apply_cluster_env(os.environ)
-    ray.init(logging_level="WARNING", log_to_driver=False)
-    keep_subprocess_exit_codes()  # Locust runs as a subprocess; its exit code counts
+    init_ray_driver(logging_level="WARNING", log_to_driver=False)  # Locust's exit code counts
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     raw = args.out / "raw.jsonl"
     try:

@@ -30,7 +30,7 @@ from loadtests import engine_logs
 from loadtests.streaming_client import one_request, percentile, prompts, run_load
 from serve_app.config import HeadroomConfig, deep_merge, load_config_files, parse_config
 from serve_app.planning.from_config import cluster_spec, plan_config
-from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
+from serve_app.serving.serve_options import apply_cluster_env
 
 APP = "scale"
 DEPLOYMENT = "LLMServer"
@@ -199,10 +199,10 @@ def main() -> None:
     from ray import serve
 
     from serve_app.serving.deployment import build_from_config
+    from serve_app.serving.driver import init_ray_driver
 
     apply_cluster_env(os.environ)
-    ray.init(num_cpus=None if gpu else 8, logging_level="WARNING", log_to_driver=False)
-    keep_subprocess_exit_codes()
+    init_ray_driver(num_cpus=None if gpu else 8, logging_level="WARNING", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     url = "http://127.0.0.1:8000"
     model = base.served_model_name

@@ -160,7 +160,8 @@ def serve(
     blocking: Annotated[bool, typer.Option(help="Keep running until Ctrl-C, then shut the app down.")] = True,
 ) -> None:
     """Deploy a config on Ray Serve (same as `serve run serve_app.app:build_app env=...`)."""
-    from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
+    from serve_app.serving.driver import init_ray_driver
+    from serve_app.serving.serve_options import apply_cluster_env
 
     # Before Ray Serve is imported: it reads its settings then, and this process checks some of them (an
     # app with a prefix router needs HAProxy ingress). A local cluster starts from this environment too.
@@ -176,8 +177,7 @@ def serve(
     from ray import serve as ray_serve
 
     address = address or os.environ.get("RAY_ADDRESS")
-    ray.init(address=address, ignore_reinit_error=True)
-    keep_subprocess_exit_codes()
+    init_ray_driver(address=address, ignore_reinit_error=True)
     ports = sorted({n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]})
     err.print(
         f"deploying [bold]{cfg.name}[/bold] ({cfg.served_model_name}); the engine takes a minute or more to "

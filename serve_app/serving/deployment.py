@@ -26,6 +26,7 @@ from serve_app.models.resolve import resolve_models
 from serve_app.planning.from_config import planning_cluster, require_fit
 from serve_app.planning.placement import ClusterSpec
 from serve_app.serving.asgi import ReplicaASGI
+from serve_app.serving.driver import init_ray_driver
 from serve_app.serving.engine import build_openai_app, parse_serve_args, start_engine
 from serve_app.serving.engine_args import PlannedEngine, plan_engine, vllm_cli_args
 from serve_app.serving.metrics import ServingMetrics
@@ -134,7 +135,7 @@ def live_cluster(cfg: HeadroomConfig) -> ClusterSpec:
     if cfg.resources.accelerator == "cpu":
         return planning_cluster(cfg)
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"))
+        init_ray_driver(address=os.environ.get("RAY_ADDRESS"))
     gpus = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
     return planning_cluster(cfg, live_gpus_per_node=gpus)
 

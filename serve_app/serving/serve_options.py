@@ -7,7 +7,6 @@ rendered Serve config file holds under `deployments:`.
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -51,15 +50,6 @@ def apply_cluster_env(environ: dict[str, str]) -> None:
     """Sets SERVE_CLUSTER_ENV in `environ` where the user has not chosen otherwise."""
     for key, value in SERVE_CLUSTER_ENV.items():
         environ.setdefault(key, value)
-
-
-def keep_subprocess_exit_codes() -> None:
-    """Call in a driver after ray.init. With the raylet as subreaper (above), Ray's core worker sets SIGCHLD
-    to SIG_IGN in every process it runs in, the driver included, so that children are reaped on their own.
-    A driver that then runs a subprocess (Locust, a CLI under test) loses its exit status: waitpid finds no
-    child and Python's subprocess reports 0 for whatever the child returned. The default disposition gives
-    the driver its children's exit codes back; Ray's worker processes keep theirs."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 # What Ray sets in a worker process after it started, unless the worker's environment already had it:

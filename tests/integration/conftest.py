@@ -28,7 +28,8 @@ from ray import serve
 
 from serve_app.config import DEFAULT_CONFIG_DIR, HeadroomConfig, deep_merge, load_config, parse_config
 from serve_app.serving.deployment import build_from_config
-from serve_app.serving.serve_options import apply_cluster_env, keep_subprocess_exit_codes
+from serve_app.serving.driver import init_ray_driver
+from serve_app.serving.serve_options import apply_cluster_env
 
 HERE = Path(__file__).parent
 DRAFT_KEYS_ENV = "HEADROOM_TEST_DRAFT_KEYS"
@@ -130,7 +131,8 @@ def cluster() -> Cluster:
     # The draft app's replica reads its key from the environment Ray's processes start with.
     os.environ[DRAFT_KEYS_ENV] = f"draft-{secrets.token_urlsafe(24)}"
     # A new local cluster, whatever /tmp/ray/ray_current_cluster points at (a stale one fails the session).
-    ray.init(
+    # (init_ray_driver: the tests check the exit codes of the CLIs and `make` they run.)
+    init_ray_driver(
         address="local",
         num_cpus=8,
         _metrics_export_port=metrics_port,
@@ -139,7 +141,6 @@ def cluster() -> Cluster:
     )
     for name in own_ports:
         del os.environ[name]
-    keep_subprocess_exit_codes()  # the tests check the exit codes of the CLIs and `make` they run
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     main, draft = overlay("ngram.yaml"), overlay("draft.yaml")
     for cfg in (main, draft):
