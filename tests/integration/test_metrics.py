@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -64,12 +66,26 @@ def test_error_statuses_are_counted(cluster):
 
 
 def test_vllm_engine_metrics_are_exported(cluster):
+    """vLLM's engine gauges reach Ray's export. Ray drops a gauge that was not set again within its TTL, and
+    an idle engine sets none, so each gauge is polled for after this request sets it: an earlier version
+    waited for a counter that earlier tests had already raised and read the gauges once, before the export
+    (it failed in a fresh-clone run)."""
+    labels = {"model_name": "tiny-qwen3"}
+    ttft_count = "ray_vllm_time_to_first_token_seconds_count"
+    before = cluster.metric_sum(ttft_count, **labels)
     cluster.client().completions.create(model="tiny-qwen3", prompt="engine metrics", max_tokens=4)
-    cluster.wait_for_metric("ray_vllm_time_to_first_token_seconds_count", 1, model_name="tiny-qwen3")
-    names = set(cluster.metrics())
-    for name in (
+    cluster.wait_for_metric(ttft_count, before + 1, **labels)
+    gauges = {
         "ray_vllm_num_requests_running",
         "ray_vllm_num_requests_waiting",
         "ray_vllm_kv_cache_usage_perc",
-    ):
-        assert name in names
+    }
+    seen: set[str] = set()
+    deadline = time.time() + 30
+    while seen != gauges and time.time() < deadline:
+        exported = cluster.metrics()
+        seen |= {
+            g for g in gauges if any(lab.get("model_name") == "tiny-qwen3" for lab, _ in exported.get(g, []))
+        }
+        time.sleep(0.5)
+    assert seen == gauges, f"not exported within 30 s: {sorted(gauges - seen)}"
