@@ -42,14 +42,17 @@ def free_port() -> int:
 
 
 def engine_core_of(replica: psutil.Process) -> psutil.Process:
-    """The replica's vLLM engine-core process. vLLM names it `VLLM::EngineCore` with setproctitle where that
-    is installed (the command line changes) and with prctl otherwise (only the 15-character process name,
-    `VLLM::EngineCor`, changes), so both are looked at."""
-    tree = replica.children(recursive=True)
+    """The replica's vLLM engine-core process: the child that multiprocessing spawned (its other child is
+    multiprocessing's resource tracker). vLLM titles it `VLLM::EngineCore` with setproctitle, which rewrites
+    the command line; the title is a fallback only, as a replacement replica's engine was once seen untitled
+    (command line and process name still `python`)."""
+    children = replica.children()
     cores = [
-        c for c in tree if c.name().startswith("VLLM::EngineCor") or "EngineCore" in " ".join(c.cmdline())
+        c
+        for c in children
+        if "EngineCore" in " ".join(c.cmdline()) or "multiprocessing.spawn" in " ".join(c.cmdline())
     ]
-    assert len(cores) == 1, (replica, [(c.pid, c.ppid(), c.name(), c.cmdline()[:2]) for c in tree])
+    assert len(cores) == 1, (replica, [(c.pid, c.name(), c.cmdline()[:3]) for c in children])
     return cores[0]
 
 
