@@ -53,10 +53,8 @@ async def one_stream(
                 out.retry_after = r.headers.get("retry-after")
                 text = await r.aread()
                 out.error_json = text.startswith(b"{") and "error" in json.loads(text)
-                if not out.error_json:
-                    out.error = text[:120].decode(
-                        errors="replace"
-                    )  # whose refusal it was (Serve's, HAProxy's)
+                if not out.error_json:  # whose refusal it was (Serve's, HAProxy's)
+                    out.error = text[:120].decode(errors="replace")
                 return out
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":

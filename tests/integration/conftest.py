@@ -50,7 +50,7 @@ def engine_core_of(replica: psutil.Process) -> psutil.Process:
     cores = [
         c
         for c in children
-        if "EngineCore" in " ".join(c.cmdline()) or "multiprocessing.spawn" in " ".join(c.cmdline())
+        if any(m in " ".join(c.cmdline()) for m in ("EngineCore", "multiprocessing.spawn"))
     ]
     assert len(cores) == 1, (replica, [(c.pid, c.name(), c.cmdline()[:3]) for c in children])
     return cores[0]
