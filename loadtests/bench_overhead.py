@@ -152,6 +152,10 @@ class Bench:
     def start(self, servers: list[Server], gpu: dict[str, str | None]) -> float:
         """Starts the servers at once on their GPUs, waits until all answer, warms them up; seconds taken."""
         t0 = time.monotonic()
+        gpus = [gpu[s.name] for s in servers if gpu[s.name] is not None]
+        # Two engines on one GPU start one after another: vLLM sizes its KV cache from the memory it sees
+        # used while it profiles, which would include the other engine's start-up.
+        one_by_one = len(gpus) != len(set(gpus))
         for s in servers:
             s.gpu = gpu[s.name]
             if isinstance(s, BareVllm):
@@ -160,16 +164,21 @@ class Bench:
                 assert isinstance(s, HeadroomServer)
                 num_cpus = 8 if self.cfg.resources.accelerator == "cpu" else None  # several actors on 2 cores
                 s.start(self.config_files, HEADROOM_PORT, self.args.variant, num_cpus)
-        for s in servers:
-            routes = [t.route for t in self.targets if t.server is s]
-            ready_s = s.wait_ready(self.args.start_timeout_s, routes)
-            self.run.starts.append({"server": s.name, "gpu": s.gpu, "ready_s": round(ready_s, 1)})
-            print(f"{s.name} ready on GPU {s.gpu} after {ready_s:.0f} s", flush=True)
+            if one_by_one:
+                self.wait_ready(s)
+        for s in servers if not one_by_one else []:
+            self.wait_ready(s)
         live = [t for t in self.targets if t.server in servers]
         for t in live:
             self.procs[t.name] = t.server.processes(t.route)
         self.warm_up(live)
         return time.monotonic() - t0
+
+    def wait_ready(self, s: Server) -> None:
+        routes = [t.route for t in self.targets if t.server is s]
+        ready_s = s.wait_ready(self.args.start_timeout_s, routes)
+        self.run.starts.append({"server": s.name, "gpu": s.gpu, "ready_s": round(ready_s, 1)})
+        print(f"{s.name} ready on GPU {s.gpu} after {ready_s:.0f} s", flush=True)
 
     def stop(self) -> None:
         for s in (self.bare, self.headroom):

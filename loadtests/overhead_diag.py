@@ -101,10 +101,22 @@ def process_facts(proc: psutil.Process) -> dict[str, Any]:
 
 
 def describe_process(p: psutil.Process) -> str:
+    """pid, parent and command line: enough to tell a helper process from the engine core."""
     try:
-        return f"{p.pid} {p.name()}"
+        with p.oneshot():
+            return f"{p.pid} (parent {p.ppid()}) {' '.join(p.cmdline())[:160] or p.name()}"
     except psutil.Error:
         return f"{p.pid} (ended)"
+
+
+def process_cpu_s(procs: list[psutil.Process]) -> dict[int, float]:
+    """{pid: user + system CPU seconds so far} of the processes still running."""
+    out = {}
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+    return out
 
 
 def key_processes(procs: ServerProcesses) -> dict[str, psutil.Process]:
@@ -191,7 +203,9 @@ class Diagnostic:
 
     def placement(self, a: int) -> dict[str, str | None]:
         gpus = self.args.gpus or []
-        if len(gpus) < 2:
+        if len(gpus) == 1:  # both on one GPU (each config'd to half its memory), started one after another
+            return {BARE: gpus[0], HEADROOM: gpus[0]}
+        if not gpus:
             return {BARE: None, HEADROOM: None}
         return {BARE: gpus[a % 2], HEADROOM: gpus[(a + 1) % 2]}
 
@@ -216,6 +230,13 @@ class Diagnostic:
             }
             for t in self.targets()
         }
+        # What each engine-side process other than the engine core is doing (its Python stack).
+        self.evidence["engine_helper_dumps"] = {
+            f"{t.name} {describe_process(p)}": dump(p.pid, native=False)
+            for t in self.targets()
+            for p in self.bench.procs[t.name].engine
+            if p not in self.bench.procs[t.name].engine_cores()
+        }
 
     def run_one(self, t: Target, w: Workload, c: int, n: int, seed: int, tag: str) -> dict[str, Any]:
         """One `vllm bench serve` run with CPU per process and per thread of the frontend and engine core."""
@@ -223,6 +244,7 @@ class Diagnostic:
         keys = key_processes(procs)
         before = {k: thread_cpu(p) for k, p in keys.items()}
         groups_before = cpu_seconds(procs.groups())
+        engine_before = process_cpu_s(procs.engine)
         argv = vllm_bench.bench_args(
             t.base_url, self.bench.cfg.served_model_name, self.bench.tokenizer, w, c, n, seed,
             str(self.bench.raw), f"diag-{tag}-{t.name}-{w.name}-c{c}.json",
@@ -230,6 +252,7 @@ class Diagnostic:
         result = self.bench.client(t.name).run({"client": VLLM_BENCH, "argv": argv})
         after = {k: thread_cpu(p) for k, p in keys.items()}
         groups_after = cpu_seconds(procs.groups())
+        engine_after = process_cpu_s(procs.engine)
         completed = result.get("completed") or 1
         row: dict[str, Any] = {
             "server": t.name,
@@ -242,6 +265,12 @@ class Diagnostic:
         }
         for g, cpu_s in groups_after.items():  # every process of the group (engine: the frontend's children)
             row[f"{g}_group_cpu_ms_per_request"] = round((cpu_s - groups_before[g]) / completed * 1000, 2)
+        # Each engine-side process on its own: a helper beside the engine core shows here by pid.
+        row["engine_processes_cpu_ms_per_request"] = {
+            describe_process(p): round((engine_after[p.pid] - engine_before[p.pid]) / completed * 1000, 2)
+            for p in procs.engine
+            if p.pid in engine_before and p.pid in engine_after
+        }
         for k in keys:
             threads = ev.thread_cpu_by_name(before[k], after[k])
             row[f"{k}_cpu_ms_per_request"] = round(sum(r["cpu_s"] for r in threads) / completed * 1000, 2)
@@ -454,6 +483,8 @@ def text_report(report: dict[str, Any]) -> str:
                 f"{t['thread']} x{t['threads']} {t['cpu_s']:.3f}s" for t in m.get(f"{k}_threads", [])[:4]
             )
             lines.append(f"      {k} threads: {busiest}")
+        for proc, ms in (m.get("engine_processes_cpu_ms_per_request") or {}).items():
+            lines.append(f"      engine process {proc}: {ms} ms CPU/request")
     for m in report["sweep"] + report.get("c64", []):
         for k, rec in (m.get("pyspy_record") or {}).items():
             where = f"{m['server']} {k} c={m['concurrency']} {m['input_len']} tok"
@@ -480,6 +511,8 @@ def text_report(report: dict[str, Any]) -> str:
     lines += ["", "VLLM LOG LINES"]
     for name, log in report["log_lines"].items():
         lines += [f"  [{name}] {ln}" for ln in log[:30]]
+    for proc, text in report.get("engine_helper_dumps", {}).items():
+        lines += ["", f"PY-SPY DUMP engine helper {proc}", text]
     for m in report["sweep"] + report.get("c64", []):
         for k, text in (m.get("pyspy_dump") or {}).items():
             lines += ["", f"PY-SPY DUMP {m['server']} {k} c={m['concurrency']}", text]
@@ -501,7 +534,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--c64-prompts", type=int, default=128, help="prompts of the c=64 profile (0: skip)")
     p.add_argument("--dump-after-s", type=float, default=1.0)
-    p.add_argument("--gpus", nargs="+", help="two GPU ids: bare on the first, headroom on the second")
+    p.add_argument(
+        "--gpus", nargs="+",
+        help="two GPU ids: bare on the first, headroom on the second; one: both on it (give each half its "
+        "memory in the config), started one after another",
+    )  # fmt: skip
     p.add_argument("--budget-s", type=float, default=330)
     p.add_argument("--start-timeout-s", type=float, default=600)
     p.add_argument("--out", type=Path, default=Path("results/diag"))
