@@ -10,6 +10,8 @@ metric's median over rounds with its min-max, and the per-round paired compariso
   GPUs between rounds (as the time budget allows), so a difference between the GPUs cannot pass for
   overhead; `--concurrent` loads both at once, each from its own client process, halving the time.
 - `--gpus A`: one GPU; each round starts, measures and stops each server in turn.
+- `--gpus A --share-gpu`: both servers up at once on one GPU (give each half its memory in the config),
+  started one after another, loaded one at a time: no restart per round.
 `--variant NAME:ENV=VALUE,...` adds a headroom app whose replicas get that environment (a candidate fix,
 measured in the same run). Results are written after every round, so a run cut short keeps what it
 measured: results.json, report.md and the raw `vllm bench serve` results under raw/.
@@ -268,6 +270,8 @@ class Bench:
         def placement(a: int) -> dict[str, str | None]:
             if not gpus:
                 return {BARE: None, HEADROOM: None}
+            if self.args.share_gpu:
+                return {BARE: gpus[0], HEADROOM: gpus[0]}
             bare = gpus[a % len(gpus)]
             return {BARE: bare, HEADROOM: ",".join(g for g in gpus if g != bare)}
 
@@ -346,6 +350,8 @@ class Bench:
 
     def layout(self) -> str:
         gpus = self.args.gpus or []
+        if self.args.share_gpu:
+            return f"both servers up at once on one GPU ({gpus[0]}), loaded one at a time, order alternating"
         if len(gpus) == 1:
             return f"one GPU ({gpus[0]}): each server started, measured and stopped in turn, every round"
         how = (
@@ -404,6 +410,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-prompts", type=int, default=8)
     p.add_argument("--gpus", nargs="+", help="GPU ids: two = side by side, one = one after another")
     p.add_argument("--swap-gpus", action="store_true", help="swap the two servers' GPUs between rounds")
+    p.add_argument(
+        "--share-gpu", action="store_true", help="one GPU: both servers up on it at once, loaded in turn"
+    )
     p.add_argument("--concurrent", action="store_true", help="load both servers at once (own GPUs only)")
     p.add_argument(
         "--variant",
@@ -425,6 +434,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.concurrent and len(args.gpus or []) < 2:
         p.error("--concurrent needs --gpus with two GPUs: servers that share a device would slow each other")
+    if args.share_gpu and len(args.gpus or []) != 1:
+        p.error("--share-gpu needs --gpus with one GPU")
     if args.variant and len(args.gpus or []) == 1:
         p.error("--variant needs both servers up at once (no --gpus, or one GPU per app)")
     return args
@@ -457,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args, matrix(args))
     stop_on_sigterm()
     try:
-        if len(args.gpus or []) == 1:
+        if len(args.gpus or []) == 1 and not args.share_gpu:
             bench.run_sequential()
         else:
             bench.run_pair()

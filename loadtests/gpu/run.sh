@@ -61,8 +61,11 @@ case "$phase" in
   overhead)
     # Side by side on two GPUs, loaded at once (each server its own client process), GPUs swapped between
     # rounds while the budget allows; the matrix first (random 1024/128), short and shared-prefix after.
+    # On a one-GPU machine both servers share it, each with half its memory, loaded in turn.
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then layout=(--gpus 0 1 --swap-gpus --concurrent); else
+      layout=(--gpus 0 --share-gpu); config+=(loadtests/gpu/half-gpu.yaml); fi
     timeout -s TERM "${OVERHEAD_TIMEOUT_S:-560}" python3 -m loadtests.bench_overhead --config "${config[@]}" \
-      --gpus 0 1 --swap-gpus --concurrent --rounds 3 \
+      "${layout[@]}" --rounds "${ROUNDS:-3}" \
       --workloads ${WORKLOADS:-random-1024 short shared-prefix} --concurrency ${CONCURRENCY:-1 64 128 256} \
       --num-prompts "${PROMPTS:-1:10,64:128,128:256,256:512}" --ours-at 1 \
       --budget-s "${OVERHEAD_BUDGET_S:-530}" --out "$work" > "$work/overhead.log" 2>&1 || true
