@@ -23,13 +23,17 @@ from serve_app.planning.placement import Plan
 # left against bare `vllm serve` is measured in results/bench_overhead and results/gpu. Ray also starts
 # workers at nice 15 so its own daemons stay responsive; here the worker (the replica and its engine) is
 # the workload, and at nice 15 it lost the CPU to everything else on the node. Last, a replica that is
-# killed hard (graceful shutdown timed out) leaves its vLLM engine-core process behind, holding the
-# accelerator's memory so that the replacement replica cannot start: the raylet, as subreaper, kills it.
+# killed hard (graceful shutdown timed out) would leave its vLLM engine-core process behind, holding the
+# accelerator's memory so that the replacement replica cannot start: each worker leads its own process
+# group, which the engine core joins, and the raylet kills that group when the worker dies (Ray's default
+# since 2.57, set here so it does not depend on it). Not Ray's older raylet-subreaper switch: it makes
+# every worker ignore SIGCHLD, the engine core inherits that, and vLLM's usage report (py-cpuinfo) then
+# spins a CPU core forever waiting on a child it can no longer reap (results/gpu/2026-12-01b/diag).
 SERVE_CLUSTER_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_worker_niceness": "0",
-    "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
+    "RAY_process_group_cleanup_enabled": "true",
 }
 
 # deployment.routing: prefix_affinity (serving/prefix_router.py): HAProxy hands the router the request body

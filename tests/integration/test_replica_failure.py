@@ -60,6 +60,22 @@ def assert_serves_again(cluster, prefix: str, model: str, timeout_s: float = 120
     pytest.fail(f"{prefix} did not serve again within {timeout_s:.0f} s: {seen[-3:]} ({len(seen)} failures)")
 
 
+def ignores_sigchld(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        ignored = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    return bool(ignored & (1 << (signal.SIGCHLD - 1)))
+
+
+def test_replicas_and_engines_keep_sigchld(cluster):
+    """Ray's raylet-subreaper switch makes its workers ignore SIGCHLD, and a replica's engine core inherits
+    that: it loses its children's exit codes, and vLLM's usage report on a GPU then leaves py-cpuinfo
+    spinning a CPU core for as long as the engine runs (results/gpu/2026-12-01b/diag). headroom's cluster
+    settings leave that switch off."""
+    [replica] = serve_replicas("main")
+    assert not ignores_sigchld(replica.pid)
+    assert not ignores_sigchld(engine_core_of(replica).pid)
+
+
 def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(cluster):
     [replica] = serve_replicas("draft")
     core = engine_core_of(replica)
@@ -96,8 +112,8 @@ def test_dead_engine_fails_in_flight_request_and_serve_replaces_the_replica(clus
 
 
 def test_hard_killed_replica_leaves_no_engine_behind(cluster):
-    """A replica killed with SIGKILL cannot stop its engine; the raylet (subreaper) must reap it, or the
-    orphan would keep holding the accelerator's memory from the replacement."""
+    """A replica killed with SIGKILL cannot stop its engine; the raylet must kill it with the replica's
+    process group, or the orphan would keep holding the accelerator's memory from the replacement."""
     [replica] = serve_replicas("draft")
     core = engine_core_of(replica)
     os.kill(replica.pid, signal.SIGKILL)
