@@ -3,7 +3,7 @@
 # Runs ON the GPU machine from the repo root, after the vLLM/Ray wheel bundle's pieces were copied to
 # /root/stash (shared/device/README.md); results go to $OUT (8 files at most come back), see README.md here.
 #
-#   bash loadtests/gpu/run.sh diag       # where headroom's extra time per request goes (~6 min, 2 GPUs)
+#   bash loadtests/gpu/run.sh diag       # where headroom's extra time per request goes (~6 min, 2 GPUs or 1)
 #   bash loadtests/gpu/run.sh overhead   # bare vllm serve vs headroom, vllm bench serve, c = 1/64/128/256
 #   bash loadtests/gpu/run.sh scale      # autoscaler step load; 2 replicas vs TP=2 (both GPUs)
 #   bash loadtests/gpu/run.sh ladder 1   # headroom ladder, first half of its 12 engines; then `ladder 2`
