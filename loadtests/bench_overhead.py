@@ -115,7 +115,7 @@ class Bench:
     """Servers, client processes and the measurements of one run (the diagnostic uses it too).
 
     args: config source (env/config), out, variant, gpus, concurrent, start_timeout_s, warmup_prompts,
-    rounds, budget_s, ours_at, swap_gpus."""
+    rounds, budget_s, ours_at, swap_gpus, share_gpu."""
 
     def __init__(self, args: argparse.Namespace, cells: list[Cell]):
         self.args = args
@@ -152,7 +152,8 @@ class Bench:
     # ---- servers --------------------------------------------------------------------------------------
 
     def start(self, servers: list[Server], gpu: dict[str, str | None]) -> float:
-        """Starts the servers at once on their GPUs, waits until all answer, warms them up; seconds taken."""
+        """Starts the servers on their GPUs (at once; one after another where they share one), waits until
+        all answer, warms them up; seconds taken."""
         t0 = time.monotonic()
         gpus = [gpu[s.name] for s in servers if gpu[s.name] is not None]
         # Two engines on one GPU start one after another: vLLM sizes its KV cache from the memory it sees
@@ -168,8 +169,9 @@ class Bench:
                 s.start(self.config_files, HEADROOM_PORT, self.args.variant, num_cpus)
             if one_by_one:
                 self.wait_ready(s)
-        for s in servers if not one_by_one else []:
-            self.wait_ready(s)
+        if not one_by_one:
+            for s in servers:
+                self.wait_ready(s)
         live = [t for t in self.targets if t.server in servers]
         for t in live:
             self.procs[t.name] = t.server.processes(t.route)
@@ -408,7 +410,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--rounds", type=int, default=3, help="alternations per server")
     p.add_argument("--warmup-prompts", type=int, default=8)
-    p.add_argument("--gpus", nargs="+", help="GPU ids: two = side by side, one = one after another")
+    p.add_argument(
+        "--gpus", nargs="+", help="GPU ids: two = side by side; one = one after another (or --share-gpu)"
+    )
     p.add_argument("--swap-gpus", action="store_true", help="swap the two servers' GPUs between rounds")
     p.add_argument(
         "--share-gpu", action="store_true", help="one GPU: both servers up on it at once, loaded in turn"
@@ -434,10 +438,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.concurrent and len(args.gpus or []) < 2:
         p.error("--concurrent needs --gpus with two GPUs: servers that share a device would slow each other")
-    if args.share_gpu and len(args.gpus or []) != 1:
-        p.error("--share-gpu needs --gpus with one GPU")
+    if args.share_gpu and (len(args.gpus or []) != 1 or args.swap_gpus):
+        p.error("--share-gpu needs --gpus with one GPU, and no --swap-gpus")
     if args.variant and len(args.gpus or []) == 1:
-        p.error("--variant needs both servers up at once (no --gpus, or one GPU per app)")
+        p.error("--variant needs a GPU of its own for each app, or the CPU build (no --gpus)")
     return args
 
 

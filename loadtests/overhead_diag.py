@@ -1,7 +1,8 @@
 """Where headroom's extra time per request goes against bare `vllm serve`: one run collects the evidence.
 
 Both servers up at once with the same engine flags (bare vLLM on the first GPU, headroom on the second;
-on the CPU build, the same CPUs). Then, as far as the time budget allows, in this order:
+with one GPU, both on it, each configured to half its memory; on the CPU build, the same CPUs). Then, as
+far as the time budget allows, in this order:
 1. Process facts of each server's frontend (API server; replica, HAProxy) and engine core: niceness, CPU
    affinity, scheduler, threads by name, cgroup, and the environment (the engine cores' compared).
 2. A concurrency-1 sweep with `vllm bench serve` over prompt lengths across the 512-token CUDA-graph
@@ -17,7 +18,7 @@ Writes diag.json, diag.txt (findings first, then the evidence and a decision tab
 logs under --out.
 
     python -m loadtests.overhead_diag --env local --out /tmp/diag          (CPU build: a smoke run)
-    bash loadtests/gpu/run.sh diag                                        (GPU: nvidia-h200-x2)
+    bash loadtests/gpu/run.sh diag                                        (GPU: one or two H200s)
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from loadtests import vllm_bench
 from loadtests.bench_overhead import Bench, Cell, Target, stop_on_sigterm, versions
 from loadtests.machine import describe
 from loadtests.overhead_matrix import BARE, HEADROOM, VLLM_BENCH
-from loadtests.overhead_servers import ServerProcesses, cpu_seconds
+from loadtests.overhead_servers import ServerProcesses, cpu_seconds, process_cpu_s
 from loadtests.vllm_bench import WORKLOADS, Workload
 
 HAPROXY_STATS_URL = "http://127.0.0.1:8404/stats;csv"
@@ -104,19 +105,9 @@ def describe_process(p: psutil.Process) -> str:
     """pid, parent and command line: enough to tell a helper process from the engine core."""
     try:
         with p.oneshot():
-            return f"{p.pid} (parent {p.ppid()}) {' '.join(p.cmdline())[:160] or p.name()}"
+            return f"{p.pid} (parent {p.ppid()}) {' '.join(p.cmdline()).strip()[:160] or p.name()}"
     except psutil.Error:
         return f"{p.pid} (ended)"
-
-
-def process_cpu_s(procs: list[psutil.Process]) -> dict[int, float]:
-    """{pid: user + system CPU seconds so far} of the processes still running."""
-    out = {}
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            out[p.pid] = t.user + t.system
-    return out
 
 
 def key_processes(procs: ServerProcesses) -> dict[str, psutil.Process]:
@@ -435,7 +426,7 @@ Decision table (issue 12): what each finding means, and the fix.
   engine core runs its eager prefill slower. Look at the engine-core rows above (environment, threads,
   niceness, affinity, hottest threads in py-spy). Fix by the cause:
   * OMP/MKL thread variables differ (Ray sets OMP_NUM_THREADS=<num_cpus> in workers): headroom's engine
-    core gets vLLM's own choice (no OMP_NUM_THREADS) -> serve_app/serving/serve_options.py ENGINE_PROCESS_ENV.
+    core gets vLLM's own choice (no OMP_NUM_THREADS) -> RAY_WORKER_DEFAULTS in serving/serve_options.py.
   * niceness/affinity/scheduler differ: RAY_worker_niceness (SERVE_CLUSTER_ENV) or the affinity Ray set.
   * an extra busy thread in headroom's engine core (py-spy: a thread only headroom has): remove its cause.
   * otherwise: raise vLLM's CUDA-graph ceiling for both (--compilation-config
@@ -545,6 +536,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     # What Bench reads and the diagnostic does not vary.
     args.variant, args.concurrent, args.warmup_prompts, args.bare_flags = [], False, 4, "same"
+    args.share_gpu = False  # the diagnostic places its servers itself (Diagnostic.placement)
     return args
 
 

@@ -86,19 +86,19 @@ class ServerProcesses:
         return cores or self.engine[:1]
 
 
+def process_cpu_s(procs: list[psutil.Process]) -> dict[int, float]:
+    """{pid: user + system CPU seconds so far} of the processes still running."""
+    out = {}
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+    return out
+
+
 def cpu_seconds(groups: dict[str, list[psutil.Process]]) -> dict[str, float]:
     """User + system CPU seconds used so far by each group (processes that ended count 0)."""
-    out = {}
-    for name, procs in groups.items():
-        total = 0.0
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
-        out[name] = total
-    return out
+    return {name: sum(process_cpu_s(procs).values()) for name, procs in groups.items()}
 
 
 @dataclass

@@ -33,6 +33,7 @@ work=/root/gpu-results/$name
 mkdir -p "$work" "$out"
 nvidia-smi > "$work/nvidia-smi.txt" 2>&1 || true
 config=(configs/base.yaml loadtests/gpu/qwen3-8b.yaml)
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)  # whole GPUs (not MIG devices)
 
 pack() {
   # Everything in one archive (Ray's engine logs included), the summaries beside it.
@@ -53,7 +54,7 @@ case "$phase" in
     # Bare vLLM on GPU 0, headroom on GPU 1: c=1 sweep 50/448/576/1024 tokens, process facts, py-spy, HAProxy
     # stats, a c=64 profile and the GPUs swapped as the budget allows. SIGTERM at the limit still writes it all.
     # On a one-GPU machine both servers share it, each with half its memory (half-gpu.yaml), loaded in turn.
-    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then diag_gpus=(0 1); else diag_gpus=(0); config+=(loadtests/gpu/half-gpu.yaml); fi
+    if [ "$gpus" -ge 2 ]; then diag_gpus=(0 1); else diag_gpus=(0); config+=(loadtests/gpu/half-gpu.yaml); fi
     timeout -s TERM "${DIAG_TIMEOUT_S:-330}" python3 -m loadtests.overhead_diag --config "${config[@]}" \
       --gpus "${diag_gpus[@]}" --budget-s "${DIAG_BUDGET_S:-310}" --out "$work" > "$work/diag.log" 2>&1 || true
     tail -60 "$work/diag.txt" 2>/dev/null || tail -40 "$work/diag.log"
@@ -62,7 +63,7 @@ case "$phase" in
     # Side by side on two GPUs, loaded at once (each server its own client process), GPUs swapped between
     # rounds while the budget allows; the matrix first (random 1024/128), short and shared-prefix after.
     # On a one-GPU machine both servers share it, each with half its memory, loaded in turn.
-    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then layout=(--gpus 0 1 --swap-gpus --concurrent); else
+    if [ "$gpus" -ge 2 ]; then layout=(--gpus 0 1 --swap-gpus --concurrent); else
       layout=(--gpus 0 --share-gpu); config+=(loadtests/gpu/half-gpu.yaml); fi
     timeout -s TERM "${OVERHEAD_TIMEOUT_S:-560}" python3 -m loadtests.bench_overhead --config "${config[@]}" \
       "${layout[@]}" --rounds "${ROUNDS:-3}" \
@@ -116,7 +117,7 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
     # The policy on, min 1 / max one replica per GPU; cut at REPLAY_TIMEOUT_S so the archive is still packed
     # (the prediction is written first).
     timeout -s TERM "${REPLAY_TIMEOUT_S:-520}" python3 -m loadtests.gpu.autoscale_replay --config "${config[@]}" \
-      --out "$work" --duration-s "${REPLAY_S:-180}" --max-replicas "${REPLAY_MAX_REPLICAS:-$(nvidia-smi -L | wc -l)}" \
+      --out "$work" --duration-s "${REPLAY_S:-180}" --max-replicas "${REPLAY_MAX_REPLICAS:-$gpus}" \
       > "$work/replay.log" 2>&1 || true
     ray stop --force >/dev/null 2>&1 || true  # a run cut by the timeout leaves its cluster up
     tail -40 "$work/report.md" 2>/dev/null || tail -40 "$work/replay.log"

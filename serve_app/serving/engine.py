@@ -114,7 +114,8 @@ class InstrumentedAsyncLLM(AsyncLLM):
         """This engine's engine-core processes that have ended, with their exit codes where known.
 
         Read from each process's sentinel (a pipe that closes when it exits), not its exit code: in a Ray
-        worker children are reaped automatically, so their exit codes are never collected (None).
+        worker that ignores SIGCHLD (Ray's raylet-subreaper switch, which headroom's clusters leave off)
+        children are reaped automatically, so their exit codes are never collected (None).
         """
         processes = self._engine_core_processes()
         ended = set(wait_for_sentinels([p.sentinel for p in processes], timeout=0))

@@ -44,7 +44,8 @@ def engine_with(process) -> InstrumentedAsyncLLM:
 
 @pytest.mark.parametrize("auto_reaped", [False, True])
 def test_an_ended_engine_core_fails_the_health_check_and_shuts_the_client_down(auto_reaped):
-    """auto_reaped: SIGCHLD ignored, as in a Ray worker: the exit code is never collected."""
+    """auto_reaped: SIGCHLD ignored, as in a Ray worker under Ray's raylet-subreaper switch: the exit code is
+    never collected."""
     previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN if auto_reaped else signal.SIG_DFL)
     try:
         core = multiprocessing.get_context("spawn").Process(target=int, name="EngineCore_DP0")
