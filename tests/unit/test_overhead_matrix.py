@@ -289,7 +289,9 @@ def test_bench_command_line_defaults_and_refusals(capsys):
     ]
     for argv, message in (
         (["--concurrent"], "--concurrent needs --gpus with two GPUs"),
-        (["--gpus", "0", "--variant", "x:A=1"], "--variant needs both servers up at once"),
+        (["--gpus", "0", "--variant", "x:A=1"], "--variant needs a GPU of its own for each app"),
+        (["--share-gpu"], "--share-gpu needs --gpus with one GPU"),
+        (["--gpus", "0", "--share-gpu", "--swap-gpus"], "and no --swap-gpus"),
         (["--bare-flags", "defaults"], "invalid choice"),
     ):
         with pytest.raises(SystemExit) as exit_info:
