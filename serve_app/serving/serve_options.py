@@ -25,10 +25,11 @@ from serve_app.planning.placement import Plan
 # the workload, and at nice 15 it lost the CPU to everything else on the node. Last, a replica that is
 # killed hard (graceful shutdown timed out) would leave its vLLM engine-core process behind, holding the
 # accelerator's memory so that the replacement replica cannot start: each worker leads its own process
-# group, which the engine core joins, and the raylet kills that group when the worker dies (Ray 2.60 does
-# so without this setting; set so that it does not depend on the default). Not Ray's older raylet-subreaper
-# switch: it makes every worker ignore SIGCHLD, the engine core inherits that, and vLLM's usage report
-# (py-cpuinfo) then spins a CPU core forever waiting on a child it can no longer reap (results/gpu/README.md).
+# group, which the engine core joins, and the raylet kills that group when the worker dies (Ray 2.60 gave
+# each worker its own group without this setting; set so the cleanup does not rest on a default). Not
+# Ray's older raylet-subreaper switch: it makes every worker ignore SIGCHLD, the engine core inherits that,
+# and vLLM's usage report (py-cpuinfo) then spins a CPU core forever waiting on a child it can no longer
+# reap (results/gpu/README.md).
 SERVE_CLUSTER_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
