@@ -147,13 +147,16 @@ def token_auth_client(root: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[RayCluster]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     root = Path(tempfile.mkdtemp(prefix="hr-", dir="/tmp"))  # short: Unix socket paths live under it
+    # The cluster's Ray logs (Serve's controller and replicas, the engines' output) outlive it here, where
+    # pytest keeps its last three runs: the evidence when a rollout is slow or fails.
+    kept_logs = tmp_path_factory.mktemp("rollout-ray-logs")
     with token_auth_client(root) as token:
-        yield from _start_cluster(root, token)
+        yield from _start_cluster(root, token, kept_logs)
 
 
-def _start_cluster(root: Path, token: str) -> Iterator[RayCluster]:
+def _start_cluster(root: Path, token: str, kept_logs: Path) -> Iterator[RayCluster]:
     from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
     ports = {
@@ -245,8 +248,11 @@ def _start_cluster(root: Path, token: str) -> Iterator[RayCluster]:
         t1 = time.monotonic()
         _stop(_cluster_processes(before, root))
         _set_child_subreaper(False)
+        logs = root / "ray" / "session_latest" / "logs"
+        if logs.is_dir():
+            shutil.copytree(logs, kept_logs, dirs_exist_ok=True)
         shutil.rmtree(root, ignore_errors=True)
-        print(f"cluster stopped in {time.monotonic() - t1:.1f} s")
+        print(f"cluster stopped in {time.monotonic() - t1:.1f} s; its Ray logs: {kept_logs}")
 
 
 @dataclass
