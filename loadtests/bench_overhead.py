@@ -13,8 +13,11 @@ metric's median over rounds with its min-max, and the per-round paired compariso
 - `--gpus A --share-gpu`: both servers up at once on one GPU (give each half its memory in the config),
   started one after another, loaded one at a time: no restart per round.
 `--variant NAME:ENV=VALUE,...` adds a headroom app whose replicas get that environment (a candidate fix,
-measured in the same run). Results are written after every round, so a run cut short keeps what it
-measured: results.json, report.md and the raw `vllm bench serve` results under raw/.
+measured in the same run). Around each cell the engines' own TTFT histograms are read (medians from bucket
+counts, loadtests/engine_timing.py), so a slower first token can be placed inside or outside the engine;
+not with `--variant`, whose apps share one Ray metrics export.
+Results are written after every round, so a run cut short keeps what it measured: results.json,
+report.md and the raw `vllm bench serve` results under raw/.
 
     python -m loadtests.bench_overhead --env local --out results/bench_overhead     (make bench-overhead)
 """
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import engine_logs, vllm_bench
+from loadtests.engine_timing import Totals, cell_medians_ms, finished
 from loadtests.machine import describe
 from loadtests.overhead_client import ClientProcess, results_as_completed
 from loadtests.overhead_matrix import (
@@ -69,7 +73,8 @@ from serve_app.planning.from_config import cluster_spec, plan_config
 from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
 from serve_app.serving.serve_options import SERVE_CLUSTER_ENV
 
-BARE_PORT, HEADROOM_PORT = 8310, 8311
+BARE_PORT, HEADROOM_PORT, HEADROOM_METRICS_PORT = 8310, 8311, 8312
+ENGINE_TIMING_WAIT_S = 60.0  # Ray exports a replica's metrics every 10 s by default
 
 
 @functools.cache
@@ -146,6 +151,11 @@ class Bench:
         self.cells = cells
         self.clients: dict[str, ClientProcess] = {}
         self.procs: dict[str, ServerProcesses] = {}
+        # The engines' timing histograms: requests sent to each target since its engine started, and the
+        # last reading that had counted them all (none with variants: their apps share Ray's export).
+        self.engine_timing = not self.variants
+        self.sent: dict[str, int] = {}
+        self.totals: dict[str, Totals | None] = {}
         self.run = Run()
         self.started = time.monotonic()
 
@@ -166,7 +176,7 @@ class Bench:
             else:
                 assert isinstance(s, HeadroomServer)
                 num_cpus = 8 if self.cfg.resources.accelerator == "cpu" else None  # several actors on 2 cores
-                s.start(self.config_files, HEADROOM_PORT, self.args.variant, num_cpus)
+                s.start(self.config_files, HEADROOM_PORT, self.args.variant, num_cpus, HEADROOM_METRICS_PORT)
             if one_by_one:
                 self.wait_ready(s)
         if not one_by_one:
@@ -205,6 +215,36 @@ class Bench:
                 self.client(t.name).submit({"client": VLLM_BENCH, "argv": argv})
             for _ in results_as_completed([self.client(t.name) for t in live]):
                 pass
+        for t in live:
+            self.sent[t.name] = n * len({c.workload.name for c in self.cells})
+            self.totals[t.name] = self.settled_totals(t)
+
+    def settled_totals(self, t: Target) -> Totals | None:
+        """The engine's histograms once they count every request sent (Ray exports a replica's on an
+        interval); None when they do not within ENGINE_TIMING_WAIT_S or cannot be read."""
+        if not self.engine_timing:
+            return None
+        deadline = time.monotonic() + ENGINE_TIMING_WAIT_S
+        while True:
+            try:
+                totals = t.server.engine_totals()
+                if finished(totals) >= self.sent[t.name]:
+                    return totals
+            except Exception as e:  # noqa: BLE001 - the timing is extra evidence; the cell still counts
+                error = f"{type(e).__name__}: {e}"
+            else:
+                error = f"{finished(totals):.0f} of {self.sent[t.name]} requests counted"
+            if time.monotonic() > deadline:
+                self.run.notes.append(f"{t.name}: engine timing not read ({error})")
+                return None
+            time.sleep(1)
+
+    def engine_medians(self, t: Target, cell: Cell) -> dict[str, float | None]:
+        """The engine's median timings over the cell just measured on `t` (empty when not read)."""
+        self.sent[t.name] += cell.num_prompts
+        before, after = self.totals.get(t.name), self.settled_totals(t)
+        self.totals[t.name] = after
+        return cell_medians_ms(before, after) if before is not None and after is not None else {}
 
     # ---- measuring ------------------------------------------------------------------------------------
 
@@ -227,6 +267,7 @@ class Bench:
         where = {"workload": cell.workload.name, "concurrency": cell.concurrency, "client": client}
         m = {**where, "server": t.name, "round": r, "gpu": t.server.gpu, "num_prompts": cell.num_prompts}
         m |= result | cpu_per_token(cpu_s, result.get("total_output_tokens") or 0)
+        m |= self.engine_medians(t, cell)
         self.run.measurements.append(m)
         shown = ", ".join(f"{k} {m.get(k)}" for k in ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s"))
         print(f"round {r} {cell.workload.name} c={cell.concurrency} {client} {t.name}: {shown}", flush=True)

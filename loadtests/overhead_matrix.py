@@ -81,6 +81,8 @@ METRICS = (
     "output_tokens_per_s",
     "frontend_cpu_us_per_token",
     "engine_cpu_us_per_token",
+    # vLLM's own TTFT, the median over the cell from bucket counts (loadtests/engine_timing.py).
+    "engine_ttft_p50_ms",
 )
 
 

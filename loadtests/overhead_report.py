@@ -16,6 +16,12 @@ _SERVER_COLUMNS = (
     ("frontend CPU us/token", "frontend_cpu_us_per_token", 0),
     ("engine CPU us/token", "engine_cpu_us_per_token", 0),
 )
+Columns = tuple[tuple[str, str, int], ...]  # (header, metric, digits)
+
+_ENGINE_TIMING_COLUMNS: Columns = (
+    ("client TTFT p50 ms", "ttft_p50_ms", 1),
+    ("engine TTFT p50 ms", "engine_ttft_p50_ms", 1),
+)
 _COMPARISON_COLUMNS = (
     ("TTFT p50 added ms", "ttft_p50_delta_ms", 1),
     ("TTFT p50 ratio", "ttft_p50_ratio", 3),
@@ -36,14 +42,16 @@ def fmt(s: Mapping[str, float] | None, digits: int) -> str:
     return f"{median} [{s['min']:,.{digits}f}, {s['max']:,.{digits}f}]"
 
 
-def _server_table(rows: list[dict[str, Any]], servers: list[str]) -> list[str]:
+def _server_table(
+    rows: list[dict[str, Any]], servers: list[str], columns: Columns = _SERVER_COLUMNS
+) -> list[str]:
     lines = [
-        "| c | server | " + " | ".join(name for name, _, _ in _SERVER_COLUMNS) + " |",
-        "|---:|---|" + "---:|" * len(_SERVER_COLUMNS),
+        "| c | server | " + " | ".join(name for name, _, _ in columns) + " |",
+        "|---:|---|" + "---:|" * len(columns),
     ]
     for row in rows:
         for s in servers:
-            cells = [fmt(row[s][key], d) for _, key, d in _SERVER_COLUMNS]
+            cells = [fmt(row[s].get(key), d) for _, key, d in columns]
             lines.append(f"| {row['concurrency']} | {s} | " + " | ".join(cells) + " |")
     return lines
 
@@ -80,6 +88,15 @@ def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[st
             lines += ["", f"{title}: against bare vLLM, paired per round (median [min, max])", ""]
             lines += _comparison_table(rows, servers)
             lines.append("")
+            if client == VLLM_BENCH and any(r[s].get("engine_ttft_p50_ms") for r in rows for s in servers):
+                lines += [
+                    "The first token inside and outside the engine: the client's TTFT beside vLLM's own, "
+                    "the median over each cell interpolated within vLLM's buckets as Prometheus' "
+                    "histogram_quantile does (median [min, max] over rounds)",
+                    "",
+                ]
+                lines += _server_table(rows, servers, _ENGINE_TIMING_COLUMNS)
+                lines.append("")
     return lines
 
 

@@ -12,7 +12,7 @@ uses is its CUDA_VISIBLE_DEVICES. `ServerProcesses` splits a server's processes 
 ("frontend": the API server, or replica + HAProxy + Serve proxies) and the engine (the frontend's
 children), for CPU accounting.
 
-    python -m loadtests.overhead_servers headroom --config A.yaml B.yaml --port 8311 \
+    python -m loadtests.overhead_servers headroom --config A.yaml B.yaml --port 8311 --metrics-port 8312 \
         [--variant NAME:KEY=VALUE,KEY=VALUE ...]     (the child; the benchmarks start it)
 """
 
@@ -30,6 +30,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from loadtests.engine_timing import Totals, histogram_totals
 
 INGRESS_TITLES = ("ray::ProxyActor", "ray::HAProxyManager")
 
@@ -152,6 +154,22 @@ class Server:
                     p.kill()
         self.proc = None
 
+    @property
+    def metrics_url(self) -> str:
+        """Where the engine's Prometheus metrics are read."""
+        raise NotImplementedError
+
+    def engine_totals(self) -> Totals:
+        """The engine's timing histograms now (loadtests/engine_timing.py)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.metrics_url, timeout=10).text
+        return histogram_totals(
+            (s.name, s.labels, s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        )
+
 
 class BareVllm(Server):
     """Bare `vllm serve` with the given engine flags."""
@@ -161,6 +179,10 @@ class BareVllm(Server):
         cmd = [sys.executable, "-m", module, *flags, "--host", "127.0.0.1", "--port", str(port)]
         self._popen(cmd, dict(os.environ))
 
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
     def processes(self, route: str = "") -> ServerProcesses:
         assert self.proc is not None
         api = psutil.Process(self.proc.pid)
@@ -168,16 +190,26 @@ class BareVllm(Server):
 
 
 class HeadroomServer(Server):
-    """headroom's Serve application on its own local Ray cluster (this module's `headroom` command)."""
+    """headroom's Serve application on its own local Ray cluster (this module's `headroom` command); the
+    engines' metrics are read where Ray exports them (the node's metrics port, every app's replicas)."""
 
-    def start(self, config: list[str], port: int, variants: list[str], num_cpus: int | None) -> None:
+    metrics_port: int = 0
+
+    def start(
+        self, config: list[str], port: int, variants: list[str], num_cpus: int | None, metrics_port: int
+    ) -> None:
+        self.metrics_port = metrics_port
         cmd = [sys.executable, "-m", "loadtests.overhead_servers", "headroom", "--config", *config]
-        cmd += ["--port", str(port)]
+        cmd += ["--port", str(port), "--metrics-port", str(metrics_port)]
         if num_cpus is not None:
             cmd += ["--num-cpus", str(num_cpus)]
         for variant in variants:
             cmd += ["--variant", variant]
         self._popen(cmd, dict(os.environ))
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def processes(self, route: str = "") -> ServerProcesses:
         """The replica of the app at `route` ("" = the default app) with the cluster's ingress, and the
@@ -236,6 +268,7 @@ def _serve_headroom(args: argparse.Namespace) -> None:
     init_ray_driver(
         address="local",
         num_cpus=args.num_cpus,
+        _metrics_export_port=args.metrics_port,
         logging_level="WARNING",
         log_to_driver=False,
         include_dashboard=False,
@@ -268,6 +301,7 @@ def main() -> None:
     hr.add_argument("--config", nargs="+", required=True)
     hr.add_argument("--port", type=int, required=True)
     hr.add_argument("--num-cpus", type=int)
+    hr.add_argument("--metrics-port", type=int, required=True, help="Ray's metrics export port")
     hr.add_argument("--variant", action="append", default=[], help="NAME:KEY=VALUE,... (repeatable)")
     args = parser.parse_args()
     _serve_headroom(args)

@@ -9,8 +9,34 @@
 #   bash loadtests/gpu/run.sh ladder 1   # headroom ladder, first half of its 12 engines; then `ladder 2`
 #   bash loadtests/gpu/run.sh routing    # 2 replicas: prefix_affinity vs least_loaded routing, per-replica hits
 #   bash loadtests/gpu/run.sh replay     # a trace replayed with the autoscaler on (1 replica per GPU) vs the simulator
+#
+# A phase longer than one call (the tool stops a call at 10 minutes, but leaves a process in its own session
+# running while the machine is held; call again within 30 s to keep it):
+#   bash loadtests/gpu/run.sh start overhead   # starts the phase detached, returns at once
+#   bash loadtests/gpu/run.sh wait overhead    # waits up to WAIT_S (540) s; once the phase ended, its files to $OUT
 set -euo pipefail
-phase=${1:?usage: run.sh diag|overhead|scale|ladder 1|2|routing|replay}
+case "${1:-}" in
+  start|wait)
+    action=$1; shift
+    detached=/root/gpu-results/detached-$(IFS=-; echo "$*")
+    mkdir -p "$detached"
+    if [ "$action" = start ]; then
+      bash "${DEVICE_BUNDLE:-.cache/devbundle-memory}/install.sh"  # once here, not racing the detached phase
+      OUT=$detached/out setsid nohup bash "$0" "$@" > "$detached/log" 2>&1 < /dev/null &
+      echo $! > "$detached/pid"
+      echo "started $* detached (pid $(cat "$detached/pid")); log: $detached/log"
+      exit 0
+    fi
+    deadline=$((SECONDS + ${WAIT_S:-540}))
+    while kill -0 "$(cat "$detached/pid")" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    tail -40 "$detached/log"
+    if kill -0 "$(cat "$detached/pid")" 2>/dev/null; then echo "still running"; exit 0; fi
+    cp -r "$detached/out/." "${OUT:-results/gpu}/"
+    echo "ended; its files are in \$OUT"
+    exit 0
+    ;;
+esac
+phase=${1:?usage: run.sh diag|overhead|scale|ladder 1|2|routing|replay (or start|wait PHASE)}
 name=$phase
 if [ "$phase" = ladder ]; then
   half=${2:?usage: run.sh ladder 1|2, the first or second half of the engines}

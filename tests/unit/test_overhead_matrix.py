@@ -262,6 +262,14 @@ def test_markdown_report_has_every_cell_target_and_the_command():
     assert "random-1024: TTFT p50 added at c=1 <= 3 ms: met" in text
     assert "`python -m loadtests.bench_overhead --env local`" in text
     assert "`vllm bench serve --seed 1`" in text
+    assert "inside and outside the engine" not in text  # no engine timing was read
+
+    timed = [{**x, "engine_ttft_p50_ms": 30.0 + i} for i, x in enumerate(ms)]
+    report["results"] = aggregate(timed, [BARE, HEADROOM])
+    text = markdown(report)
+    assert "inside and outside the engine" in text
+    # client TTFT p50, engine TTFT p50: median [min, max] over 3 rounds
+    assert "| 1 | headroom | 43.0 [42.0, 44.0] | 34.0 [33.0, 35.0] |" in text
 
 
 def test_identity_flags_keep_the_model_and_context_and_drop_engine_settings():

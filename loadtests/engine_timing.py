@@ -1,0 +1,79 @@
+"""How long the first token takes inside vLLM, from the engine's own TTFT histogram (pure).
+
+A server's histograms are read before and after a cell; the difference of their bucket counts is the
+cell's distribution, and its median is interpolated within a bucket as Prometheus' `histogram_quantile`
+does. Bucket counts, not `_sum`: Ray's metrics agent, which exports a headroom replica's vLLM metrics,
+rebuilds each histogram from its bucket counts and bucket midpoints, so its `_sum` is an approximation
+(ray-project/ray#64852) while its counts are exact. Both servers get the same treatment, so their medians
+compare at the resolution of vLLM's buckets (for TTFT: 0.1, 0.25, 0.5, 0.75, 1 s, ...). vLLM's queue and
+prefill histograms start at a 0.3 s bucket, too coarse to split a first token of under a second.
+
+The histograms are vLLM's as `vllm serve` exposes them (`vllm:time_to_first_token_seconds`) or as Ray
+exports a replica's (`ray_vllm_time_to_first_token_seconds`). vLLM's TTFT runs from the request's arrival
+in the engine client (the API server or the replica) to the first token back there: a client TTFT well
+above it was spent outside the engine (HTTP in, the first chunk out).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+# vLLM's histogram (without prefix) -> our name.
+ENGINE_HISTOGRAMS = {
+    "time_to_first_token_seconds": "engine_ttft",
+    "e2e_request_latency_seconds": "engine_e2e",
+}
+FINISHED = "engine_e2e"  # requests the engine finished: the end-to-end histogram's count
+
+Buckets = dict[float, float]  # upper bound (le) -> cumulative count, summed over series
+Totals = dict[str, Buckets]  # our name -> its buckets
+
+
+def histogram_totals(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> Totals:
+    """The engine histograms' cumulative bucket counts from Prometheus samples (name, labels, value)."""
+    out: Totals = {}
+    for name, labels, value in samples:
+        base = name.removeprefix("ray_").replace(":", "_").removeprefix("vllm_")
+        key = ENGINE_HISTOGRAMS.get(base.removesuffix("_bucket")) if base.endswith("_bucket") else None
+        if key is not None and "le" in labels:
+            le = float(labels["le"])
+            out.setdefault(key, {})[le] = out.get(key, {}).get(le, 0.0) + value
+    return out
+
+
+def finished(totals: Totals) -> float:
+    """Requests counted so far (the +Inf bucket of the end-to-end histogram)."""
+    return totals.get(FINISHED, {}).get(math.inf, 0.0)
+
+
+def quantile(q: float, buckets: Buckets) -> float | None:
+    """Prometheus' histogram_quantile: linear within the bucket that holds rank q x count (the lowest
+    bucket from 0); None without observations; the highest finite bound when the rank is in +Inf."""
+    bounds = sorted(buckets)
+    total = buckets.get(math.inf, 0.0)
+    if not bounds or total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        count = buckets[le]
+        if count >= rank:
+            if math.isinf(le):
+                return lower
+            return lower + (le - lower) * ((rank - below) / (count - below) if count > below else 0.0)
+        lower, below = le, count
+    return lower
+
+
+def cell_medians_ms(before: Totals, after: Totals) -> dict[str, float | None]:
+    """Each histogram's median over the requests between two readings, in ms ({name}_p50_ms)."""
+    out: dict[str, float | None] = {}
+    for key in ENGINE_HISTOGRAMS.values():
+        if key == FINISHED:
+            continue
+        b, a = before.get(key, {}), after.get(key, {})
+        delta = {le: a[le] - b.get(le, 0.0) for le in a}
+        p50 = quantile(0.5, delta)
+        out[f"{key}_p50_ms"] = None if p50 is None else p50 * 1e3
+    return out

@@ -1,0 +1,66 @@
+"""The engine's own timing over a cell, from vLLM's Prometheus histograms as `vllm serve` exposes them and
+as Ray exports a replica's (loadtests/engine_timing.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtests.engine_timing import cell_medians_ms, finished, histogram_totals, quantile
+
+TTFT_BOUNDS = (0.1, 0.25, 0.5, 0.75, 1.0)
+
+
+def exposition(prefix: str, ttft: dict[float, int], engines: int = 1, junk_sum: float = 123.0) -> str:
+    """TTFT and end-to-end histograms in Prometheus text format (cumulative buckets), split over engines;
+    the _sum is junk, as in Ray's export (rebuilt from bucket midpoints), and must not matter."""
+    lines = []
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
+        lines.append(f"# TYPE {prefix}{name} histogram")
+        for engine in range(engines):
+            labels = f'engine="{engine}",model_name="tiny-qwen3"'
+            running = 0
+            for le in (*TTFT_BOUNDS, math.inf):
+                running += ttft.get(le, 0)
+                bound = "+Inf" if math.isinf(le) else str(le)
+                lines.append(f'{prefix}{name}_bucket{{{labels},le="{bound}"}} {running / engines}')
+            lines += [
+                f"{prefix}{name}_sum{{{labels}}} {junk_sum}",
+                f"{prefix}{name}_count{{{labels}}} {running / engines}",
+            ]
+    lines += ["# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0"} 3']
+    return "\n".join(lines) + "\n"
+
+
+def totals(text: str):
+    return histogram_totals(
+        (s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples
+    )
+
+
+@pytest.mark.parametrize("prefix", ["vllm:", "ray_vllm_", "ray_vllm:"])
+def test_cell_median_from_bucket_deltas_of_either_source(prefix):
+    before = totals(exposition(prefix, {0.1: 10}))
+    # The cell: 10 more under 0.1 s (the next cell's warm-up, say), 20 in (0.5, 0.75], 10 in (0.75, 1].
+    after = totals(exposition(prefix, {0.1: 20, 0.75: 20, 1.0: 10}, engines=2, junk_sum=999.0))
+    assert finished(before) == 10 and finished(after) == 50
+    medians = cell_medians_ms(before, after)
+    # 40 in the cell: rank 20 falls in (0.5, 0.75] after 10 below it: 0.5 + 0.25 x 10/20
+    assert medians["engine_ttft_p50_ms"] == pytest.approx(625.0)
+
+
+def test_quantile_follows_prometheus_histogram_quantile():
+    buckets = {0.1: 4.0, 0.25: 8.0, math.inf: 10.0}
+    assert quantile(0.25, buckets) == pytest.approx(0.1 * 2.5 / 4)  # rank 2.5 in the lowest bucket, from 0
+    assert quantile(0.6, buckets) == pytest.approx(0.1 + 0.15 * 0.5)
+    assert quantile(0.99, buckets) == pytest.approx(0.25)  # in +Inf: the highest finite bound
+    assert quantile(0.5, {0.1: 0.0, math.inf: 0.0}) is None
+    assert quantile(0.5, {}) is None
+
+
+def test_no_request_between_readings_gives_no_median():
+    same = totals(exposition("vllm:", {0.1: 10}))
+    assert set(cell_medians_ms(same, same).values()) == {None}
+    assert finished({}) == 0
