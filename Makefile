@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.headroom-setup
 
-.PHONY: setup run test test-unit test-integration lint fmt plan loadtest ladder bench bench-overhead bench-autoscale tune-autoscale bench-vllm-agreement clean
+.PHONY: setup run test test-unit test-integration lint fmt plan loadtest ladder bench bench-overhead bench-stat-logger bench-autoscale tune-autoscale bench-vllm-agreement clean
 
 # The set-up reruns only when what it installs changes.
 $(STAMP): pyproject.toml scripts/setup.sh
@@ -55,6 +55,11 @@ bench: bench-overhead bench-autoscale
 bench-overhead: $(STAMP)
 	$(PY) -m loadtests.bench_overhead --env local --workloads random-1024 short shared-prefix --concurrency 1 8 \
 	  --num-prompts 1:10,8:24 --output-len 32 --rounds 3 --ours-at 1 --out results/bench_overhead
+
+# One histogram observation through Ray's metrics (headroom replicas' vLLM stat logger) against prometheus_client
+# (`vllm serve`'s), per generated token in the engine client's event loop.
+bench-stat-logger: $(STAMP)
+	$(PY) -m loadtests.bench_stat_logger --out results/stat_logger
 
 # The shipped autoscaling policy against Ray's tuned default and static fleets, in the request-level
 # simulator (about an hour on 2 cores; results/autoscale). The deployment's numbers come from the config
