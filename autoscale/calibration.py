@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 __all__ = [
     "DEFAULT_CALIBRATION",
+    "Admission",
     "Calibration",
     "Constant",
     "EngineCost",
@@ -68,6 +69,32 @@ class EngineLimits:
         for f in fields(self):
             if getattr(self, f.name) < 1:
                 raise ValueError(f"EngineLimits.{f.name} ({getattr(self, f.name)}) must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What happens to a request that finds every replica at ``max_ongoing_requests``, and what its
+    client does then.
+
+    ``retry_after_s`` None: it waits at Serve's router until a replica has room (Serve without a queue
+    bound). A number: the replica refuses it at once with 503 + Retry-After (headroom's
+    ``security.overload``, on in configs/base.yaml), and the client sends it again that many seconds
+    later, at most ``client_retries`` times (the official openai client retries 5xx twice by default,
+    honouring Retry-After). A refused attempt reaches the replica's HTTP layer, so the replica counts it
+    as an arrival, as the live replica does (serve_app/serving/asgi.py counts before it admits)."""
+
+    retry_after_s: float | None = None
+    client_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if self.retry_after_s is not None and self.retry_after_s <= 0:
+            raise ValueError(f"Admission.retry_after_s ({self.retry_after_s}) must be > 0 or None")
+        if self.client_retries < 0:
+            raise ValueError(f"Admission.client_retries ({self.client_retries}) must be >= 0")
+
+    @property
+    def refuses(self) -> bool:
+        return self.retry_after_s is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,11 +20,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from autoscale.calibration import DEFAULT_CALIBRATION, EngineCost, EngineLimits, load_calibration
+from autoscale.calibration import (
+    DEFAULT_CALIBRATION,
+    Admission,
+    EngineCost,
+    EngineLimits,
+    load_calibration,
+)
 from autoscale.capacity import ServiceEstimate
 from autoscale.inputs import PolicyConfig
 from autoscale.ray_default import RayKnobs
-from autoscale.scenarios import TraceSpec, build_trace
+from autoscale.scenarios import STEP_DOWN_S, STEP_UP_S, TraceSpec, build_trace
 from autoscale.settings import AutoscalingSettings
 from autoscale.sim import (
     HeadroomPolicy,
@@ -33,6 +39,7 @@ from autoscale.sim import (
     SimResult,
     SimSetup,
     StaticPolicy,
+    StepOracle,
     simulate,
 )
 from autoscale.workload import RequestTrace
@@ -65,6 +72,7 @@ class Deployment:
     limits: EngineLimits
     cost: EngineCost
     calibration: str
+    admission: Admission = Admission()
     source: Mapping[str, Any] = field(default_factory=dict)
 
     def setup(self, seed: int, initial_replicas: int, startup_s: float | None = None) -> SimSetup:
@@ -76,6 +84,7 @@ class Deployment:
             initial_replicas=initial_replicas,
             window_s=self.settings.window_s,
             seed=seed,
+            admission=self.admission,
         )
 
 
@@ -95,6 +104,7 @@ def load_deployment(
         limits=EngineLimits(**data["limits"]),
         cost=load_calibration(calibration).cost,
         calibration=_repo_relative(Path(calibration)),
+        admission=Admission(**data.get("admission", {})),
         source=data,
     )
 
@@ -107,19 +117,25 @@ def _repo_relative(path: Path) -> str:
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A policy to run: a static fleet, headroom's (settings overrides, capacity seed) or Ray's default."""
+    """A policy to run: a static fleet, headroom's (settings overrides, capacity seed), Ray's default, or
+    the step trace's oracle (a reference: :class:`~autoscale.sim.StepOracle`)."""
 
-    kind: Literal["static", "headroom", "ray"]
+    kind: Literal["static", "headroom", "ray", "step_oracle"]
     name: str
     replicas: int = 0
+    """static: the fleet; step_oracle: the fleet it asks for when the step comes."""
     overrides: tuple[tuple[str, Any], ...] = ()
     seed_factor: float | None = None
     """headroom only: seed capacity at this factor of the trace's true per-request cost; None: no seed."""
     ray: RayKnobs | None = None
+    before: int = 0
+    """step_oracle only: the replicas serving before the step."""
 
     def build(self, dep: Deployment, trace: RequestTrace) -> SimPolicy:
         if self.kind == "static":
             return StaticPolicy(self.replicas, name=self.name)
+        if self.kind == "step_oracle":
+            return StepOracle(STEP_UP_S, STEP_DOWN_S, self.before, self.replicas, name=self.name)
         if self.kind == "ray":
             assert self.ray is not None
             return RayDefaultPolicy(self.ray, name=self.name)

@@ -137,7 +137,7 @@ class MetricsSnapshot:
     replicas: tuple[ReplicaMetrics, ...]
     """One entry per serving replica that reported."""
     arrival_rate_rps: float | None
-    """Requests arriving per second over the window; None when unknown."""
+    """Requests arriving per second over the window, refused attempts included; None when unknown."""
     current_replicas: int
     """Replicas serving now (ready, not stopping)."""
     target_replicas: int
@@ -145,9 +145,23 @@ class MetricsSnapshot:
     replicas_starting: int = 0
     queued_at_router: int = 0
     """Requests waiting for any replica (router/handle queue); the signal to scale from zero."""
+    refused_rate_rps: float = 0.0
+    """Of the arrivals, attempts the replicas refused at their queue bound (503/429 + Retry-After) per
+    second: their clients may send them again."""
     window_s: float = 30.0
     """Length of the window the replicas' percentiles and rates cover; also the arrival-rate window,
     whose overlap between successive rates the trend test discounts."""
+
+    def offered_rate_rps(self, client_retries: int) -> float | None:
+        """Requests per second, each counted once however often it was refused and sent again. With a
+        share ``p`` of attempts refused and clients that retry ``R`` times, every request makes
+        ``1 + p + ... + p**R`` attempts, so requests = arrivals x (1 - p) / (1 - p**(R + 1))."""
+        arrivals = self.arrival_rate_rps
+        if arrivals is None or arrivals <= 0 or self.refused_rate_rps <= 0:
+            return arrivals
+        p = min(self.refused_rate_rps / arrivals, 1.0)
+        attempts = sum(p**k for k in range(client_retries + 1))
+        return arrivals / attempts
 
     def engine_rates(self) -> FleetEngineRates | None:
         """The replicas' engine rates summed; None unless every reporting replica knows them."""

@@ -50,6 +50,7 @@ def snapshot_from_context(ctx: Any, window_s: float) -> MetricsSnapshot:
     reports = [(r, rep) for r in ctx.running_replicas if (rep := latest_report(raw, r)) is not None]
     taken = [rep[keys.TAKEN_AT_S] for _, rep in reports]
     rates = [rep[keys.ARRIVAL_RATE_RPS] for _, rep in reports if keys.ARRIVAL_RATE_RPS in rep]
+    refused = [rep.get(keys.REFUSED_RATE_RPS, 0.0) for _, rep in reports]
     now_s = ctx.current_time if ctx.current_time is not None else max(taken, default=0.0)
     return MetricsSnapshot(
         now_s=now_s,
@@ -59,6 +60,7 @@ def snapshot_from_context(ctx: Any, window_s: float) -> MetricsSnapshot:
             ReplicaMetrics.from_report(str(getattr(r, "unique_id", r)), rep) for r, rep in reports
         ),
         arrival_rate_rps=sum(rates) if rates else None,
+        refused_rate_rps=sum(refused),
         current_replicas=ctx.current_num_replicas,
         target_replicas=ctx.target_num_replicas,
         replicas_starting=max(0, ctx.target_num_replicas - ctx.current_num_replicas),

@@ -41,13 +41,21 @@ class Requests:
     failed: list[bool]
     finished_s: list[float]
     """When the engine produced each request's last token (nan: not finished)."""
+    sent_s: list[float]
+    """When each request's latest attempt reached a replica: a refused request is sent again later, and
+    the replica times its first token from there (the client from ``arrival_s``)."""
+    attempts: list[int]
+    """Attempts refused so far (see :class:`~autoscale.calibration.Admission`)."""
 
     @classmethod
     def create(cls, arrival_s: list[float], prompt_tokens: list[int], output_tokens: list[int]) -> Requests:
         n = len(arrival_s)
         if not len(prompt_tokens) == len(output_tokens) == n:
             raise ValueError("arrival_s, prompt_tokens and output_tokens must have one entry per request")
-        return cls(arrival_s, prompt_tokens, output_tokens, [math.nan] * n, [False] * n, [math.nan] * n)
+        nan = [math.nan] * n
+        return cls(
+            arrival_s, prompt_tokens, output_tokens, nan, [False] * n, list(nan), list(arrival_s), [0] * n
+        )
 
 
 class ReplicaEngine:
@@ -193,9 +201,8 @@ class ReplicaEngine:
             self._finish_through(step, end)
         req, window = self._req, self.window
         for rid in first:
-            ttft_ms = (end - req.arrival_s[rid]) * 1000.0 + cost.request_overhead_ms
-            req.ttft_ms[rid] = ttft_ms
-            window.first_token(end, ttft_ms)
+            req.ttft_ms[rid] = (end - req.arrival_s[rid]) * 1000.0 + cost.request_overhead_ms
+            window.first_token(end, (end - req.sent_s[rid]) * 1000.0 + cost.request_overhead_ms)
             n_out = req.output_tokens[rid]
             self.n_decoding += 1
             self._context_tokens += req.prompt_tokens[rid] + 1

@@ -18,6 +18,7 @@ TTFT_P50_MS = "ttft_p50_ms"
 TTFT_P95_MS = "ttft_p95_ms"
 TTFT_SAMPLES = "ttft_samples"
 ARRIVAL_RATE_RPS = "arrival_rate_rps"
+REFUSED_RATE_RPS = "refused_rate_rps"
 NUM_REQUESTS_RUNNING = "num_requests_running"
 NUM_REQUESTS_WAITING = "num_requests_waiting"
 KV_CACHE_USAGE = "kv_cache_usage"
@@ -96,6 +97,7 @@ class ReplicaStatsWindow:
         self.window_s = window_s
         self._ttfts: deque[tuple[float, float]] = deque()  # (time_s, ttft_ms)
         self._arrivals: deque[float] = deque()
+        self._refusals: deque[float] = deque()
         self._counters: deque[_Counters] = deque()
         self.engine = EngineStats()
 
@@ -105,12 +107,19 @@ class ReplicaStatsWindow:
             self._ttfts.popleft()
         while self._arrivals and self._arrivals[0] < horizon:
             self._arrivals.popleft()
+        while self._refusals and self._refusals[0] < horizon:
+            self._refusals.popleft()
         # Keep the newest counter snapshot at or before the horizon: rates span the whole window.
         while len(self._counters) > 1 and self._counters[1].at_s <= horizon:
             self._counters.popleft()
 
     def request_arrived(self, now_s: float) -> None:
         self._arrivals.append(now_s)
+
+    def request_refused(self, now_s: float) -> None:
+        """An arrival refused at the replica's queue bound (503/429 + Retry-After): its client may send
+        it again, so the policy does not count each attempt as a new request."""
+        self._refusals.append(now_s)
 
     def first_token(self, now_s: float, ttft_ms: float) -> None:
         self._ttfts.append((now_s, ttft_ms))
@@ -154,6 +163,7 @@ class ReplicaStatsWindow:
             TTFT_SAMPLES: float(len(ttfts)),
             # Over the whole window even for a younger replica: the fleet's rate is the sum of these.
             ARRIVAL_RATE_RPS: len(self._arrivals) / self.window_s,
+            REFUSED_RATE_RPS: len(self._refusals) / self.window_s,
             NUM_REQUESTS_RUNNING: float(self.engine.num_running),
             NUM_REQUESTS_WAITING: float(self.engine.num_waiting),
             KV_CACHE_USAGE: float(self.engine.kv_cache_usage),

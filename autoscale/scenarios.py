@@ -41,6 +41,8 @@ from autoscale.workload import (
 __all__ = [
     "JUDGING_SEEDS",
     "PRODUCTION_FORMAT",
+    "STEP_DOWN_S",
+    "STEP_UP_S",
     "SYNTHETIC_KINDS",
     "TUNING_SEEDS",
     "TraceSpec",
@@ -53,6 +55,8 @@ SYNTHETIC_KINDS = ("constant", "step", "diurnal", "bursty")
 PRODUCTION_FORMAT = "synthetic-production-format"
 TUNING_SEEDS = (1, 2)
 JUDGING_SEEDS = tuple(range(101, 111))
+STEP_UP_S, STEP_DOWN_S = 900.0, 2400.0
+"""When the step trace's load rises 2.5x and falls back."""
 PEAK_RPS_RANGE = (170.0, 235.0)
 """Peak arrival rates the synthetic traces draw from (static 99% fleets of about 8-12 replicas)."""
 PRODUCTION_RATE_SCALE = 8.5
@@ -82,7 +86,7 @@ def _synthetic(kind: str, seed: int) -> RequestTrace:
         rate, what = constant_rate(peak), f"constant {peak:.0f} rps"
     elif kind == "step":
         rate, what = (
-            step_rate(peak / 2.5, peak, 900.0, 2400.0),
+            step_rate(peak / 2.5, peak, STEP_UP_S, STEP_DOWN_S),
             f"{peak / 2.5:.0f} -> {peak:.0f} -> {peak / 2.5:.0f} rps",
         )
     elif kind == "diurnal":

@@ -3,7 +3,10 @@
 Request-level and discrete-event: every request of a :class:`~autoscale.workload.RequestTrace` arrives
 at its time with its prompt and output length; Serve's router sends it to the less loaded of two random
 serving replicas (power of two choices on requests in flight) unless both hold ``max_ongoing_requests``,
-then to the least loaded, else it waits at the router. Each replica is a
+then to the least loaded. When every replica is full, the deployment's
+:class:`~autoscale.calibration.Admission` decides: the request waits at the router, or (headroom's
+overload refusal) the replica refuses it with 503 + Retry-After and the client sends it again later,
+a few times at most; a request refused every time fails. Each replica is a
 :class:`~autoscale.replica_engine.ReplicaEngine` (continuous batching, chunked prefill, sequence slots,
 KV cache; step costs from a calibration file). A replica asked for serves ``startup_s`` later and costs
 GPU time from the moment it is asked for; a removed one stops taking requests, finishes what it holds
@@ -26,11 +29,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from heapq import heappop, heappush
 from typing import Any, Protocol
 
 import numpy as np
 
-from autoscale.calibration import EngineCost, EngineLimits
+from autoscale.calibration import Admission, EngineCost, EngineLimits
 from autoscale.inputs import MetricsSnapshot, PolicyConfig, ReplicaMetrics
 from autoscale.policy import PolicyState, decide
 from autoscale.ray_default import RayKnobs, RayState, ray_default_decide
@@ -41,6 +45,7 @@ from autoscale.workload import RequestTrace
 __all__ = [
     "Fleet",
     "HeadroomPolicy",
+    "StepOracle",
     "RayDefaultPolicy",
     "ScaleEvent",
     "SimPolicy",
@@ -67,6 +72,7 @@ class SimSetup:
     report_interval_s: float = 10.0
     graceful_shutdown_s: float = 20.0
     seed: int = 0
+    admission: Admission = Admission()
 
 
 class _Phase(Enum):
@@ -114,6 +120,9 @@ class Fleet:
         self._picks: list[float] = rng.random(2 * len(requests.arrival_s)).tolist()
         self.replicas: list[_Replica] = []
         self.router_queue: deque[int] = deque()
+        self.retries: list[tuple[float, int]] = []
+        """Refused requests' next attempts, a heap of (time, request id)."""
+        self.refused = 0
         self.now_s = 0.0
         self.target_replicas = 0
         self.reported_at_s = -math.inf
@@ -139,11 +148,13 @@ class Fleet:
         reports = [(i, r.report) for i, r in enumerate(self.replicas) if r.phase is _Phase.READY and r.report]
         metrics = tuple(ReplicaMetrics.from_report(f"r{i}", rep) for i, rep in reports)
         rates = [rep["arrival_rate_rps"] for _, rep in reports]
+        refused = [rep.get("refused_rate_rps", 0.0) for _, rep in reports]
         return MetricsSnapshot(
             now_s=self.now_s,
             taken_at_s=self.reported_at_s,
             replicas=metrics,
             arrival_rate_rps=sum(rates) if rates else None,
+            refused_rate_rps=sum(refused),
             current_replicas=self.current_replicas,
             target_replicas=self.target_replicas,
             replicas_starting=self.replicas_starting,
@@ -203,18 +214,41 @@ class Fleet:
     # -- requests --------------------------------------------------------------------------------------
 
     def arrive(self, rid: int, t: float) -> None:
+        """A request (or a refused request's next attempt) arrives at ``t``."""
         self._promote(t)
         if self.router_queue:
             self._dispatch_queue(t)
-        if self.router_queue or not self._send(rid, t):
+        if self.router_queue:
+            self.router_queue.append(rid)
+            return
+        sent, full = self._send(rid, t)
+        if sent:
+            return
+        if full is not None and self.setup.admission.refuses:
+            self._refuse(rid, t, full)
+        else:
             self.router_queue.append(rid)
 
-    def _send(self, rid: int, t: float) -> bool:
+    def _refuse(self, rid: int, t: float, replica: ReplicaEngine) -> None:
+        """The replica answers 503 + Retry-After (it counted the attempt); the client tries again later."""
+        admission, req = self.setup.admission, self.requests
+        replica.window.request_arrived(t)
+        replica.window.request_refused(t)
+        self.refused += 1
+        if req.attempts[rid] >= admission.client_retries:
+            req.failed[rid] = True
+            return
+        req.attempts[rid] += 1
+        assert admission.retry_after_s is not None
+        heappush(self.retries, (t + admission.retry_after_s, rid))
+
+    def _send(self, rid: int, t: float) -> tuple[bool, ReplicaEngine | None]:
         """Power of two choices on the replicas' request counts as last seen (Serve's router caches
-        them too); the chosen engine is brought up to ``t`` before the request joins it."""
+        them too); the chosen engine is brought up to ``t`` before the request joins it. Returns whether
+        it was sent and, if not, the full replica that would refuse it (None: no replica serves)."""
         ready = self._ready
         if not ready:
-            return False
+            return False, None
         n = len(ready)
         a = ready[int(self._picks[2 * rid] * n)].engine
         b = ready[int(self._picks[2 * rid + 1] * n)].engine
@@ -226,9 +260,10 @@ class Fleet:
                 r.engine.advance(t)
             pick = min((r.engine for r in ready), key=lambda e: e.ongoing)
             if pick.ongoing >= limit:
-                return False
+                return False, pick
+        self.requests.sent_s[rid] = t
         pick.submit(rid, t)
-        return True
+        return True, None
 
     def _dispatch_queue(self, t: float) -> None:
         limit = self.setup.limits.max_ongoing_requests
@@ -238,7 +273,9 @@ class Fleet:
             pick = min(self._ready, key=lambda r: r.engine.ongoing)
             if pick.engine.ongoing >= limit:
                 return
-            pick.engine.submit(self.router_queue.popleft(), t)
+            rid = self.router_queue.popleft()
+            self.requests.sent_s[rid] = t
+            pick.engine.submit(rid, t)
 
     # -- ticks -----------------------------------------------------------------------------------------
 
@@ -296,6 +333,27 @@ class StaticPolicy:
 
 
 @dataclass
+class StepOracle:
+    """A reference for the step trace, not a policy a deployment can run: it keeps ``before`` replicas
+    and asks for ``during`` at the very second the load steps up (no detection delay), and goes back at
+    the second it steps down. Its replicas take the same start-up as anyone's, so what it misses with
+    ``before`` replicas serving when the step comes, any policy that has only that many then misses too."""
+
+    up_at_s: float
+    down_at_s: float
+    before: int
+    during: int
+    name: str = "step-oracle"
+
+    def reset(self) -> None:
+        pass
+
+    def __call__(self, fleet: Fleet) -> tuple[int, str, str]:
+        on = self.up_at_s <= fleet.now_s < self.down_at_s
+        return (self.during if on else self.before), "oracle", "knows when the step comes"
+
+
+@dataclass
 class HeadroomPolicy:
     """headroom's policy (:func:`autoscale.policy.decide`) on the fleet's reports."""
 
@@ -350,6 +408,8 @@ class SimResult:
     duration_s: float
     requests: int
     failed: int
+    refused: int
+    """Attempts the replicas refused (503 + Retry-After); a request refused every time also failed."""
     attainment: float
     """Fraction of all requests whose TTFT was <= the target (never served or failed counts as missed)."""
     ttft_p50_ms: float
@@ -371,6 +431,7 @@ class SimResult:
         "ttft_target_ms",
         "requests",
         "failed",
+        "refused",
         "attainment",
         "ttft_p50_ms",
         "ttft_p95_ms",
@@ -448,10 +509,17 @@ def simulate(
     arrivals, n, i = requests.arrival_s, len(requests.arrival_s), 0
     every_report = max(1, round(setup.report_interval_s))
     every_control = max(1, round(control_interval_s))
+    retries = fleet.retries
     for k in range(1, math.ceil(trace.duration_s) + 1):
-        while i < n and arrivals[i] < k:
-            fleet.arrive(i, arrivals[i])
-            i += 1
+        while True:  # first attempts and refused requests' next ones, in time order
+            if retries and retries[0][0] < k and (i >= n or retries[0][0] < arrivals[i]):
+                t, rid = heappop(retries)
+                fleet.arrive(rid, t)
+            elif i < n and arrivals[i] < k:
+                fleet.arrive(i, arrivals[i])
+                i += 1
+            else:
+                break
         fleet.tick(float(k))
         if k % every_report == 0:
             fleet.take_reports()
@@ -467,6 +535,9 @@ def simulate(
         ready.append(fleet.current_replicas)
     end_s = float(math.ceil(trace.duration_s))
     for extra in range(1, int(DRAIN_TAIL_S) + 1):
+        while retries and retries[0][0] < end_s + extra:
+            t, rid = heappop(retries)
+            fleet.arrive(rid, t)
         fleet.tick(end_s + extra)
     return _result(trace, policy, setup, fleet, events, provisioned, ready, keep_timeline)
 
@@ -486,7 +557,10 @@ def _result(
     failed = np.asarray(req.failed, dtype=bool)
     missed = np.isnan(ttft) | failed
     ok = ~missed & (ttft <= setup.ttft_target_ms)
-    shown = np.where(np.isnan(ttft), np.inf, ttft)
+    # A request with no first token (refused every time, or never served) waited at least until the run
+    # ended: that finite lower bound keeps the percentiles defined.
+    end_ms = (math.ceil(trace.duration_s) + DRAIN_TAIL_S) * 1000.0
+    shown = np.where(np.isnan(ttft), end_ms, ttft)
     pcts = np.percentile(shown, [50.0, 95.0, 99.0]).tolist() if len(shown) else [0.0, 0.0, 0.0]
     changes, worst = direction_stats(events)
     end_s = float(math.ceil(trace.duration_s))
@@ -498,6 +572,7 @@ def _result(
         duration_s=end_s,
         requests=len(ttft),
         failed=int(failed.sum()),
+        refused=fleet.refused,
         attainment=float(ok.mean()) if len(ok) else 1.0,
         ttft_p50_ms=pcts[0],
         ttft_p95_ms=pcts[1],

@@ -1,8 +1,9 @@
 """Writes what the autoscaling benchmark needs to know about a deployment, from its config and plan.
 
 autoscale/ imports nothing from serve_app (its pure part must stay free of the planner and the config
-loader), so the numbers travel as data: the policy settings and TTFT target of the config, and the
-engine limits its plan gives each replica.
+loader), so the numbers travel as data: the policy settings and TTFT target of the config, the engine
+limits its plan gives each replica, and what a replica does with requests beyond them (headroom's
+overload refusal, when the config has it).
 
     python -m loadtests.autoscale_inputs configs/base.yaml configs/prod.yaml --gpus 8 --nodes 2 \\
         --out results/autoscale/deployment.json
@@ -28,6 +29,14 @@ def deployment_inputs(config_paths: Sequence[str], gpus: int, nodes: int) -> dic
         raise SystemExit(f"{' + '.join(config_paths)}: deployment.autoscaling is not set")
     plan = plan_config(cfg, cluster_spec(cfg, nodes=nodes, gpus_per_node=gpus))
     require_fit(plan)
+    overload = cfg.security.overload
+    # The generation requests a replica admits: headroom's bound when it refuses beyond it
+    # (serving/serve_options.py admission_options), else Serve's max_ongoing_requests, queueing behind.
+    admits = (
+        cfg.deployment.max_ongoing_requests
+        if overload is None
+        else overload.admission_bound(plan.max_num_seqs)
+    )
     return {
         "configs": list(config_paths),
         "command": f"python -m loadtests.autoscale_inputs {' '.join(config_paths)} --gpus {gpus} "
@@ -39,8 +48,9 @@ def deployment_inputs(config_paths: Sequence[str], gpus: int, nodes: int) -> dic
             "max_num_seqs": plan.max_num_seqs,
             "max_num_batched_tokens": plan.max_num_batched_tokens,
             "kv_cache_tokens": plan.kv_cache_tokens_per_replica,
-            "max_ongoing_requests": cfg.deployment.max_ongoing_requests,
+            "max_ongoing_requests": admits,
         },
+        "admission": {"retry_after_s": None if overload is None else float(overload.retry_after_s)},
         "replicas_that_fit": plan.replicas,
     }
 

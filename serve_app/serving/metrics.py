@@ -76,6 +76,10 @@ class ServingMetrics:
         self.in_flight.set(self._in_flight)
         self.window.request_arrived(time.time())
 
+    def request_refused(self) -> None:
+        """Refused at the queue bound (its client may send it again): the autoscaler counts it once."""
+        self.window.request_refused(time.time())
+
     def request_finished(self, started_s: float, status: int) -> None:
         self._in_flight -= 1
         self.in_flight.set(self._in_flight)

@@ -46,6 +46,19 @@ def test_window_reports_percentiles_and_rate_and_forgets_old_samples() -> None:
     assert later[keys.ARRIVAL_RATE_RPS] == 0
 
 
+def test_window_reports_refused_attempts_beside_the_arrivals() -> None:
+    w = ReplicaStatsWindow(window_s=10)
+    for i in range(10):
+        w.request_arrived(100 + i)
+        if i % 2:
+            w.request_refused(100 + i)
+    assert (w.report(now_s=110)[keys.ARRIVAL_RATE_RPS], w.report(now_s=110)[keys.REFUSED_RATE_RPS]) == (
+        1.0,
+        0.5,
+    )
+    assert w.report(now_s=125)[keys.REFUSED_RATE_RPS] == 0
+
+
 def test_young_replica_rate_counts_the_whole_window() -> None:
     """The fleet's rate is the sum of the replicas' rates: a replica that started mid-window must not
     count its arrivals as if they came over a shorter time (the others saw fewer meanwhile)."""
@@ -122,6 +135,7 @@ def context(
         keys.TTFT_P95_MS: ttft_p95_ms,
         keys.TTFT_SAMPLES: 50,
         keys.ARRIVAL_RATE_RPS: 5,
+        keys.REFUSED_RATE_RPS: 1.5,
         keys.NUM_REQUESTS_RUNNING: 4,
         keys.NUM_REQUESTS_WAITING: 0,
         keys.KV_CACHE_USAGE: 0.5,
@@ -144,7 +158,7 @@ def test_snapshot_maps_reports_per_replica() -> None:
     assert len(snap.replicas) == 2
     assert snap.replicas[0].ttft_p95_ms == 400 and snap.replicas[0].num_requests_running == 4
     assert snap.replicas[0].finished_rps is None  # -1: unknown
-    assert snap.arrival_rate_rps == 10
+    assert snap.arrival_rate_rps == 10 and snap.refused_rate_rps == 3
     assert snap.current_replicas == snap.target_replicas == 2
 
 

@@ -13,7 +13,13 @@ import pytest
 
 from autoscale import bench, tune
 from autoscale.calibrate import Point, replay_point
-from autoscale.calibration import DEFAULT_CALIBRATION, EngineCost, EngineLimits, load_calibration
+from autoscale.calibration import (
+    DEFAULT_CALIBRATION,
+    Admission,
+    EngineCost,
+    EngineLimits,
+    load_calibration,
+)
 from autoscale.replica_engine import ReplicaEngine, Requests
 from autoscale.replica_stats import ReplicaStatsWindow
 from autoscale.scenarios import PEAK_RPS_RANGE, SYNTHETIC_KINDS, TraceSpec, build_trace
@@ -216,6 +222,37 @@ def test_a_removed_replica_finishes_its_requests_or_fails_them() -> None:
     r = simulate(long, AskAt(5.0, 0), setup(1, graceful_shutdown_s=20.0))
     assert r.failed == 1 and r.attainment == 0.0
     assert r.replica_hours == pytest.approx(25 / 3600)
+
+
+def test_a_full_replica_refuses_and_the_client_retries_then_gives_up() -> None:
+    # 40 requests at once on one replica that admits 16 (each holds it ~10 s): 24 are refused at 1 s and,
+    # one Retry-After later, at 2 and 3 s again; after its two retries a request fails.
+    burst = trace([1.0] * 40, prompt=10, output=2000)
+    refusing = setup(1, admission=Admission(retry_after_s=1.0, client_retries=2))
+    r = simulate(burst, StaticPolicy(1), refusing)
+    assert (r.failed, r.refused) == (24, 72)
+    assert r.attainment == pytest.approx(8 / 40)  # of the 16 admitted, the 8 beyond max_num_seqs wait ~10 s
+    # Without the bound, the same 24 wait at the router and are served late rather than failed.
+    queued = simulate(burst, StaticPolicy(1), setup(1))
+    assert (queued.failed, queued.refused) == (0, 0)
+
+
+def test_a_retried_request_is_timed_from_its_first_attempt_by_the_client_and_its_last_by_the_replica() -> (
+    None
+):
+    # Two long requests fill a replica that admits one at a time (max_ongoing_requests 1); the second
+    # is refused at 1 s, sent again at 3 s (still refused), then at 5 s, after the first has finished.
+    limits = EngineLimits(
+        max_num_seqs=8, max_num_batched_tokens=2048, kv_cache_tokens=100_000, max_ongoing_requests=1
+    )
+    two = trace([1.0, 1.0], prompt=10, output=600)  # ~3.1 s of decode each
+    sim = SimSetup(
+        COST, limits, ttft_target_ms=1000.0, startup_s=30.0, initial_replicas=1,
+        admission=Admission(retry_after_s=2.0, client_retries=2),
+    )  # fmt: skip
+    r = simulate(two, StaticPolicy(1), sim)
+    assert (r.failed, r.refused) == (0, 2)
+    assert r.attainment == 0.5  # the retried one got its first token ~4 s after it was first sent
 
 
 def test_simulation_is_deterministic() -> None:
