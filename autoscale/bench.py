@@ -8,7 +8,10 @@ replica's capacity from the replicas' reports). Baselines, on the same requests:
 that keeps 99% of requests under the TTFT target on that trace (found by search, in hindsight), and Ray
 Serve's default policy with the knobs autoscale/tune.py chose on the tuning traces (tuning.json). Also
 reported, not judged: headroom seeded with a capacity 0.5x, 1x and 2x the trace's true per-request cost
-(on the first five judging seeds).
+(on the first five judging seeds), and on the step trace a reference no deployment can run, the step
+oracle (:class:`~autoscale.sim.StepOracle`): it asks for the static 99% fleet at the very second the load
+steps up, with 1 or 2 replicas fewer (or the start fleet) serving until then. What it misses, any policy
+with that many replicas serving when the step comes misses too.
 
 Traces (autoscale/scenarios.py): constant, step, diurnal, bursty and the synthetic production-format CSV,
 each over the judging seeds (101-110, never tuned on). Targets, each on every trace, over all seeds:
@@ -55,6 +58,9 @@ from autoscale.scenarios import JUDGING_SEEDS, PRODUCTION_FORMAT, SYNTHETIC_KIND
 __all__ = ["Check", "check_targets", "main"]
 
 SEED_FACTORS = (0.5, 1.0, 2.0)
+ORACLE_SHORT = (1, 2)
+"""The step oracle runs with the static 99% fleet less these many replicas before the step (and with the
+start fleet)."""
 SEED_VARIANT_SEEDS = JUDGING_SEEDS[:5]
 """The seeded variants are reported, not judged: five seeds show them."""
 TIMELINE_SEED = JUDGING_SEEDS[0]
@@ -105,11 +111,22 @@ def _run(dep: Deployment, tuning: Mapping[str, Any], specs: list[TraceSpec], job
         for sp, st in zip(specs, statics, strict=True)
         if pol.seed_factor is None or sp.seed in SEED_VARIANT_SEEDS
     ]
+    described = {k: _describe(v) for k, v in pols.items()}
+    for sp, st in zip(specs, statics, strict=True):
+        if sp.kind != "step":
+            continue
+        n, start = st["static_replicas"], st["initial_replicas"]
+        for name, before in [
+            *((f"step oracle, {k} short before the step", n - k) for k in ORACLE_SHORT),
+            ("step oracle, the start fleet before the step", start),
+        ]:
+            described[name] = {"kind": "step_oracle"}
+            tasks.append(Task(sp, PolicySpec("step_oracle", name, replicas=n, before=before), start))
     print(f"{len(tasks)} policy runs", flush=True)
     runs = run_tasks(run_task, tasks, dep, jobs, progress)
     for st in statics:
         st["policy"] = "static-99"
-    return {"static": statics, "runs": runs, "policies": {k: _describe(v) for k, v in pols.items()}}
+    return {"static": statics, "runs": runs, "policies": described}
 
 
 def _describe(p: PolicySpec) -> dict[str, Any]:
@@ -130,6 +147,8 @@ def summarize(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         rows = raw["static"] if name == "static-99" else [r for r in raw["runs"] if r["policy"] == name]
         for kind, entry in out.items():
             mine = [r for r in rows if r["trace"] == kind]
+            if not mine:
+                continue  # a reference that runs on one trace only
             ratios = [r["replica_hours"] / static_hours[kind][r["seed"]] for r in mine]
             p = pooled(mine)
             p["cost_ratio"] = p["replica_hours"] / sum(static_hours[kind][r["seed"]] for r in mine)

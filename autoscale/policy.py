@@ -14,22 +14,24 @@ sentence with the numbers. Decisions are plain data a controller executes (SkyPi
 
 Needs, each a replica count (the scale-up takes the largest, capped by ``max_step_up`` and the bounds):
 
-* demand: the arrival rate projected ``replica_startup_s`` ahead along a significant rising trend, times
-  the replica-seconds one request needs (autoscale/capacity.py: learned from the replicas' engine counters,
-  or a ladder seed until then), times one plus the surge headroom (the largest rise of the arrival rate
-  over one start-up seen in the last ``surge_lookback_s``: what a surge like it would need before new
-  replicas serve), plus ``spare_replicas`` while that trend lasts.
+* demand: the request rate (a refused request's retries counted once; less two Poisson standard errors,
+  so counting noise adds no replica) projected ``replica_startup_s`` ahead along a rising trend that two
+  reports in a row show, plus the surge headroom (the largest rise of the rate over one start-up seen in
+  the last ``surge_lookback_s``, in requests/s: what a surge like it would bring before new replicas
+  serve), times the replica-seconds one request needs (autoscale/capacity.py: learned from the replicas'
+  engine counters, or a ladder seed until then), plus ``spare_replicas`` while that trend lasts.
 * queueing: requests in flight (engine running + waiting, queued at the router) over the planned share of
   the engine's ``max_num_seqs`` slots.
 * TTFT: serving replicas scaled by TTFT p95 over the scale-up threshold (at most 2x): the fallback when
   the capacity estimate is wrong or missing.
 * KV cache: one more replica when the fullest cache passes ``kv_cache_high_usage``.
 
-A scale-down removes one replica when arrivals are not rising, TTFT headroom is above
-``scale_down_headroom`` and the peak arrival rate of the last ``downscale_sustain_s`` (all of it watched
-on the current fleet: no scale-up in that time), the requests in flight and the KV cache all fit on one
-replica fewer with ``downscale_margin`` to spare; then again no sooner than ``downscale_cooldown_s``
-later.
+A scale-down happens when arrivals are not rising, TTFT headroom is above ``scale_down_headroom`` and
+the peak request rate of the last ``downscale_sustain_s`` (all of it watched on the current fleet: no
+scale-up in that time) with its surge headroom, the requests in flight and the KV cache all fit on one
+replica fewer with ``downscale_margin`` to spare. It goes straight to the fleet that peak needs when
+that is smaller (a fleet left far above its load after a surge), else one replica; then again no sooner
+than ``downscale_cooldown_s`` later.
 """
 
 from __future__ import annotations
@@ -95,8 +97,8 @@ class PolicyState:
     """(now_s, arrival_rate_rps) pairs covering the last ``config.history_s`` seconds."""
     service: ServiceEstimate | None = None
     """The per-request engine cost measured from the replicas' counters (None until measured)."""
-    surge: float = 0.0
-    """Share of demand kept in hand for surges, updated with each new report."""
+    surge_rps: float = 0.0
+    """Arrival rate kept in hand for surges, updated with each new report."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict, e.g. for Ray's ``ctx.policy_state``."""
@@ -107,7 +109,7 @@ class PolicyState:
             "in_progress": None if ip is None else [ip.started_at_s, ip.from_replicas, ip.to_replicas],
             "rate_history": [[t, r] for t, r in self.rate_history],
             "service": None if self.service is None else self.service.to_dict(),
-            "surge": self.surge,
+            "surge_rps": self.surge_rps,
         }
 
     @classmethod
@@ -123,7 +125,7 @@ class PolicyState:
             in_progress=None if not ip else ScaleUpInProgress(float(ip[0]), int(ip[1]), int(ip[2])),
             rate_history=tuple((float(t), float(r)) for t, r in data.get("rate_history", ())),
             service=None if not service else ServiceEstimate.from_dict(service),
-            surge=float(data.get("surge", 0.0)),
+            surge_rps=float(data.get("surge_rps", 0.0)),
         )
 
 
@@ -309,10 +311,9 @@ def _at_max(ctx: _Context) -> Outcome | None:
     return ctx.hold("at_max_replicas", f"{why}; {_signals(ctx).describe()}")
 
 
-def _fewer_fit(ctx: _Context) -> str | None:
-    """None if one replica fewer would serve the load with margin; else why not (a clause)."""
+def _fewer_fit(ctx: _Context, fewer: int) -> str | None:
+    """None if ``fewer`` replicas would serve the load with margin; else why not (a clause)."""
     sig, cfg, s = _signals(ctx), ctx.config, ctx.config.settings
-    fewer = ctx.target - 1
     if sig.ttft_p95_ms is None:
         return "no TTFT samples to judge headroom"
     if sig.ttft_p95_ms >= cfg.down_threshold_ms:
@@ -321,14 +322,12 @@ def _fewer_fit(ctx: _Context) -> str | None:
         return f"arrivals are rising ({sig.slope_rps_per_s:+.2f} rps/s)"
     keep = 1.0 - s.downscale_margin
     arriving = sig.peak_rps > 0 or sig.in_flight > 0
-    spare = s.spare_replicas if sig.rising else 0
     if sig.replica_s_per_request is not None:
-        needed = sig.peak_rps * sig.replica_s_per_request
-        if needed > max(0, fewer - spare) * keep:
+        needed = sig.with_surge(sig.peak_rps) * sig.replica_s_per_request
+        if needed > fewer * keep:
             return (
                 f"the peak {sig.peak_rps:.1f} rps of the last {s.downscale_sustain_s:.0f} s needs "
-                f"{needed:.2f} replicas + {spare} spare, more than {fewer} with "
-                f"{s.downscale_margin:.0%} margin"
+                f"{needed:.2f} replicas, more than {fewer} with {s.downscale_margin:.0%} margin"
             )
     if sig.need_demand > fewer:
         return f"the projected {sig.projected_rps:.1f} rps needs {sig.need_demand} replica(s)"
@@ -349,7 +348,7 @@ def _scale_down(ctx: _Context) -> Outcome:
         return ctx.hold("upscale_cooldown", "TTFT or queueing is high but a scale-up just finished")
     if ctx.target <= s.min_replicas:
         return ctx.hold("at_min_replicas", f"min_replicas is {s.min_replicas}; {_signals(ctx).describe()}")
-    why_not = _fewer_fit(ctx)
+    why_not = _fewer_fit(ctx, ctx.target - 1)
     if why_not is not None:
         return ctx.hold("load_in_band", f"{why_not}; {_signals(ctx).describe()}")
     seen_s = watched_s(state.rate_history, snap.now_s)
@@ -365,8 +364,23 @@ def _scale_down(ctx: _Context) -> Outcome:
     if last is not None and snap.now_s - last + 1e-9 < s.downscale_cooldown_s:
         why = f"last scale-down {snap.now_s - last:.0f} s ago, cooldown {s.downscale_cooldown_s:.0f} s"
         return ctx.hold("downscale_cooldown", why)
-    why = f"the peak of the last {s.downscale_sustain_s:.0f} s fits on one fewer; {_signals(ctx).describe()}"
-    return ctx.down(ctx.target - 1, "scale_down", why)
+    desired = _fewest_that_fit(ctx)
+    fits = "one fewer" if desired == ctx.target - 1 else f"{desired}"
+    why = f"the peak of the last {s.downscale_sustain_s:.0f} s fits on {fits}; {_signals(ctx).describe()}"
+    return ctx.down(desired, "scale_down", why)
+
+
+def _fewest_that_fit(ctx: _Context) -> int:
+    """One fewer, or straight down to the fleet the peak needs with margin when that is smaller: a fleet
+    left far above its load (after a surge) gives back its surplus in one step, not one a cooldown."""
+    sig, s = _signals(ctx), ctx.config.settings
+    if sig.replica_s_per_request is None:
+        return ctx.target - 1
+    needed = sig.with_surge(sig.peak_rps) * sig.replica_s_per_request / (1.0 - s.downscale_margin)
+    fit = max(s.min_replicas, 1, math.ceil(needed - 1e-9))
+    if fit < ctx.target - 1 and _fewer_fit(ctx, fit) is None:
+        return fit
+    return ctx.target - 1
 
 
 _SIZING: tuple[Callable[[_Context], Outcome | None], ...] = (
@@ -392,13 +406,15 @@ def _note_finished_scale_up(snapshot: MetricsSnapshot, state: PolicyState) -> Po
 
 def _observe(snapshot: MetricsSnapshot, state: PolicyState, config: PolicyConfig) -> PolicyState:
     """Fold this snapshot's arrival rate and engine counters into the state."""
-    history = rate_history(state.rate_history, snapshot, config.history_s)
+    history = rate_history(state.rate_history, snapshot, config.history_s, config.settings.client_retries)
     service = estimate_service(
         snapshot.engine_rates(), snapshot.window_s, state.service, config.capacity_seed
     )
     # The surge headroom changes only with a new report, so it is measured then and kept.
-    surge = state.surge if history is state.rate_history else surge_headroom(history, snapshot.now_s, config)
-    return replace(state, rate_history=history, service=service, surge=surge)
+    surge_rps = (
+        state.surge_rps if history is state.rate_history else surge_headroom(history, snapshot.now_s, config)
+    )
+    return replace(state, rate_history=history, service=service, surge_rps=surge_rps)
 
 
 def decide(snapshot: MetricsSnapshot, state: PolicyState, config: PolicyConfig) -> Outcome:
@@ -414,7 +430,7 @@ def decide(snapshot: MetricsSnapshot, state: PolicyState, config: PolicyConfig) 
             return outcome
     state = _observe(snapshot, state, config)
     service = state.service if state.service is not None else config.capacity_seed
-    sig = measure(snapshot, state.rate_history, service, state.surge, config)
+    sig = measure(snapshot, state.rate_history, service, state.surge_rps, config)
     ctx = _Context(snapshot, state, config, sig)
     for step in _SIZING:
         if (outcome := step(ctx)) is not None:

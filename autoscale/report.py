@@ -76,6 +76,34 @@ def _tuning(tuning: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _step_bound(summary: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The step oracle's rows: what no policy with that many replicas serving at the step can avoid."""
+    step = summary.get("step", {}).get("policies", {})
+    rows = {name: p for name, p in step.items() if name.startswith("step oracle")}
+    if not rows:
+        return []
+    lines = [
+        "## The step trace's bound",
+        "",
+        "The step oracle asks for the static 99% fleet at the very second the load steps up 2.5x (no "
+        "detection delay) and waits the same start-up as any policy. Whatever it misses, a policy with as "
+        "many replicas serving when the step comes misses too:",
+        "",
+    ]
+    for name, p in rows.items():
+        lines.append(
+            f"- {name.removeprefix('step oracle, ')}: {p['attainment']:.2%} under the target "
+            f"(seeds {p['attainment_min']:.2%}-{p['attainment_max']:.2%}) at {p['cost_ratio']:.3f}x."
+        )
+    lines += [
+        "",
+        "So 99% on the step needs the whole static fleet serving before the step, through flat load a "
+        "policy cannot tell from the constant trace, where the same configuration may keep at most 1.05x.",
+        "",
+    ]
+    return lines
+
+
 def write_report(payload: Mapping[str, Any], path: Path) -> None:
     dep = payload["deployment"]
     checks = payload["checks"]
@@ -119,6 +147,7 @@ def write_report(payload: Mapping[str, Any], path: Path) -> None:
         "",
         *[f"- **{mark[c['passed']]}** {c['trace']}: {c['name']}: {c['detail']}" for c in checks],
         "",
+        *_step_bound(payload["summary"]),
         *_tuning(payload["tuning"]),
         f"Judged settings (configs/prod.yaml, max_replicas raised to the {dep['replicas_that_fit']} the plan "
         f"fits on its cluster): `{payload['judged_settings']}`.",

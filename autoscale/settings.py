@@ -207,18 +207,32 @@ class AutoscalingSettings(BaseModel):
         ge=0,
         le=86400,
         description=(
-            "Seconds of arrival history in which the policy looks for the largest rise of the arrival "
-            "rate over one replica_startup_s (the rate of a start-up's length against the one before); "
-            "it keeps that share of the demand in hand, because a surge like it would arrive before new "
-            "replicas serve. Steady load rises by noise only and keeps little; bursty load keeps a lot. "
-            "0 turns it off."
+            "Seconds of arrival history in which the policy looks for the largest rise of the request "
+            "rate over one replica_startup_s (the mean rate of a start-up's length against the one "
+            "before, less its Poisson noise); it keeps that many requests/s in hand above the demand, "
+            "because a surge like it would arrive before new replicas serve. Steady load rises by noise "
+            "only and keeps nothing; bursty load keeps a lot. 0 turns it off."
         ),
     )
     max_surge_headroom: float = Field(
         default=1.0,
         ge=0,
         le=10,
-        description="Most capacity kept in hand for surges, as a share of the demand (1: twice the demand).",
+        description=(
+            "Most capacity kept in hand for surges, as a share of the demand (1: up to twice the demand)."
+        ),
+    )
+    client_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description=(
+            "How often the deployment's clients send a request again after a 503/429 with Retry-After "
+            "(security.overload); the official openai client does twice by default. The policy counts a "
+            "refused request once, however many attempts it made, when it sizes demand: counting every "
+            "attempt would make an overload look up to (1 + client_retries) x larger than it is. No "
+            "effect without overload refusal."
+        ),
     )
     kv_cache_high_usage: float = Field(
         default=0.9,

@@ -17,6 +17,10 @@ __all__ = ["Signals", "fleet_ttft_p95", "measure", "rate_history", "surge_headro
 
 _TTFT_MAX_FACTOR = 2.0
 """A TTFT-driven scale-up at most doubles the serving replicas in one decision (then ``max_step_up``)."""
+_NOISE_Z = 2.0
+"""Demand is sized from the arrival rate less this many Poisson standard errors of its window: a steady
+load's counting noise (2% at 200 requests/s over 10 s) must not add a replica that the scale-down then
+takes away again (the flapping seen on constant load in the simulator)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +37,11 @@ class Signals:
     startup_s: float
     service: ServiceEstimate | None
     replica_s_per_request: float | None
-    """Replica-seconds one request needs at the target utilizations, surge headroom included; None when
-    no capacity is known."""
-    surge: float
-    """Share of the demand kept in hand for a surge."""
+    """Replica-seconds one request needs at the target utilizations; None when no capacity is known."""
+    surge_rps: float
+    """Arrival rate kept in hand above the demand for a surge (:func:`surge_headroom`)."""
+    max_surge_share: float
+    """At most this share of the demand is kept for surges (``max_surge_headroom``)."""
     planned_sequences: float
     rising: bool
     """Arrivals grow along a significant trend (the spare replicas apply only then)."""
@@ -48,6 +53,10 @@ class Signals:
     @property
     def headroom(self) -> float | None:
         return None if self.ttft_p95_ms is None else 1.0 - self.ttft_p95_ms / self.ttft_target_ms
+
+    def with_surge(self, rate_rps: float) -> float:
+        """``rate_rps`` plus what is kept in hand for a surge (at most ``max_surge_share`` of it)."""
+        return rate_rps + min(self.surge_rps, self.max_surge_share * rate_rps)
 
     def details(self) -> dict[str, float | int | str | None]:
         svc = self.service
@@ -66,7 +75,7 @@ class Signals:
             "capacity_source": None if svc is None else svc.source,
             "step_ms": None if svc is None else round(svc.step_ms, 3),
             "work_ms_per_request": None if svc is None else round(svc.work_ms_per_request, 3),
-            "surge_headroom": round(self.surge, 3),
+            "surge_rps": round(self.surge_rps, 2),
             "need_demand": self.need_demand,
             "need_queue": self.need_queue,
             "need_ttft": self.need_ttft,
@@ -89,7 +98,7 @@ class Signals:
             if self.replica_s_per_request is not None and self.service is not None:
                 text += (
                     f" (needs {self.need_demand} at {1 / self.replica_s_per_request:.1f} rps each, "
-                    f"{self.surge:.0%} kept for surges, capacity {self.service.source})"
+                    f"{self.surge_rps:.1f} rps kept for surges, capacity {self.service.source})"
                 )
             parts.append(text)
         parts.append(
@@ -120,21 +129,24 @@ def fleet_ttft_p95(replicas: Sequence[ReplicaMetrics]) -> float | None:
 
 
 def rate_history(
-    history: tuple[tuple[float, float], ...], snapshot: MetricsSnapshot, keep_s: float
+    history: tuple[tuple[float, float], ...], snapshot: MetricsSnapshot, keep_s: float, retries: int
 ) -> tuple[tuple[float, float], ...]:
-    """``history`` with this snapshot's arrival rate appended (once per report: a point is the time the
-    reports were taken) and points older than ``keep_s`` dropped."""
-    if snapshot.arrival_rate_rps is None or (history and history[-1][0] >= snapshot.taken_at_s):
+    """``history`` with this snapshot's request rate (refused attempts counted once: ``retries``)
+    appended, once per report (a point is the time the reports were taken), and points older than
+    ``keep_s`` dropped."""
+    rate = snapshot.offered_rate_rps(retries)
+    if rate is None or (history and history[-1][0] >= snapshot.taken_at_s):
         return history
     keep_from = snapshot.taken_at_s - keep_s - 1e-9
     kept = tuple(p for p in history if p[0] >= keep_from)
-    return (*kept, (snapshot.taken_at_s, float(snapshot.arrival_rate_rps)))
+    return (*kept, (snapshot.taken_at_s, float(rate)))
 
 
 def surge_headroom(history: Sequence[tuple[float, float]], now_s: float, cfg: PolicyConfig) -> float:
-    """The largest relative rise of the arrival rate from one replica_startup_s to the next, over the
-    last surge_lookback_s, capped at max_surge_headroom: the share of demand kept in hand for a surge
-    like it. Means over whole start-up lengths keep Poisson noise small."""
+    """The largest rise of the arrival rate (requests/s) from one replica_startup_s to the next over the
+    last surge_lookback_s, less three Poisson standard errors of that difference: the rate kept in hand
+    for a surge like it, which would arrive before new replicas serve. Absolute, not a share: a rise from
+    a trough is a large share of a small rate. Means over whole start-up lengths keep noise small."""
     s = cfg.settings
     span_s = s.replica_startup_s
     if s.surge_lookback_s <= 0 or len(history) < 3:
@@ -153,9 +165,10 @@ def surge_headroom(history: Sequence[tuple[float, float]], now_s: float, cfg: Po
         if t < now_s - s.surge_lookback_s or t - 2 * span_s < times[0]:
             continue
         after, before = mean(t - span_s, t), mean(t - 2 * span_s, t - span_s)
-        if after is not None and before:
-            best = max(best, after / before - 1.0)
-    return min(best, s.max_surge_headroom)
+        if after is not None and before is not None:
+            noise = 3.0 * math.sqrt(max(after + before, 0.0) / span_s)
+            best = max(best, after - before - noise)
+    return best
 
 
 def watched_s(history: Sequence[tuple[float, float]], now_s: float) -> float:
@@ -196,6 +209,19 @@ def _trend(
     return slope
 
 
+def _persistent_trend(
+    history: Sequence[tuple[float, float]], snapshot: MetricsSnapshot, cfg: PolicyConfig
+) -> float:
+    """The trend, counted only when the previous report's history also showed one: decisions come every
+    second on overlapping windows, so a single significant fit is a false alarm far more often than its
+    t-statistic alone says."""
+    slope = _trend(history, snapshot.now_s, snapshot.window_s, cfg)
+    if slope <= 0 or len(history) < 2:
+        return 0.0
+    before = _trend(history[:-1], history[-2][0], snapshot.window_s, cfg)
+    return min(slope, before) if before > 0 else 0.0
+
+
 def _smoothed_peak(history: Sequence[tuple[float, float]], now_s: float, cfg: PolicyConfig) -> float:
     """Highest trend-window mean of the arrival rate over the last ``downscale_sustain_s``: averaging
     keeps Poisson noise from posing as a peak; the max keeps a real surge from being forgotten."""
@@ -213,6 +239,11 @@ def _smoothed_peak(history: Sequence[tuple[float, float]], now_s: float, cfg: Po
     return best
 
 
+def _above_noise(rate_rps: float, window_s: float) -> float:
+    """The rate less ``_NOISE_Z`` Poisson standard errors of a count over ``window_s``."""
+    return max(0.0, rate_rps - _NOISE_Z * math.sqrt(max(rate_rps, 0.0) / max(window_s, 1e-9)))
+
+
 def _in_flight(snapshot: MetricsSnapshot) -> int:
     reps = snapshot.replicas
     return snapshot.queued_at_router + sum(r.num_requests_running + r.num_requests_waiting for r in reps)
@@ -222,24 +253,25 @@ def measure(
     snapshot: MetricsSnapshot,
     history: Sequence[tuple[float, float]],
     service: ServiceEstimate | None,
-    surge: float,
+    surge_rps: float,
     cfg: PolicyConfig,
 ) -> Signals:
-    """Every signal of one decision, and the replica count each one asks for; ``surge`` is the share of
-    demand kept in hand (:func:`surge_headroom`)."""
+    """Every signal of one decision, and the replica count each one asks for; ``surge_rps`` is the
+    arrival rate kept in hand for a surge (:func:`surge_headroom`)."""
     s, reps = cfg.settings, snapshot.replicas
     in_flight = _in_flight(snapshot)
     p95 = fleet_ttft_p95(reps)
-    rate = snapshot.arrival_rate_rps
+    rate = snapshot.offered_rate_rps(s.client_retries)
     if p95 is None and in_flight == 0 and (rate or 0.0) == 0.0 and reps:
         p95 = 0.0  # idle: no request had a first token in the window because none came; full headroom
-    slope = _trend(history, snapshot.now_s, snapshot.window_s, cfg) if rate is not None else 0.0
-    projected = 0.0 if rate is None else rate + slope * s.replica_startup_s
-    per_request_s = None if service is None else cfg.replica_seconds_per_request(service) * (1.0 + surge)
+    slope = _persistent_trend(history, snapshot, cfg) if rate is not None else 0.0
+    projected = 0.0 if rate is None else _above_noise(rate, snapshot.window_s) + slope * s.replica_startup_s
+    per_request_s = None if service is None else cfg.replica_seconds_per_request(service)
     rising = rate is not None and slope > 0
+    kept = projected + min(surge_rps, s.max_surge_headroom * projected)
     need_demand = 0
     if per_request_s is not None and projected > 0:
-        need_demand = _ceil(projected * per_request_s) + (s.spare_replicas if rising else 0)
+        need_demand = _ceil(kept * per_request_s) + (s.spare_replicas if rising else 0)
     serving = snapshot.current_replicas
     need_ttft = 0
     if p95 is not None and p95 > cfg.up_threshold_ms and serving > 0:
@@ -258,7 +290,8 @@ def measure(
         startup_s=s.replica_startup_s,
         service=service,
         replica_s_per_request=per_request_s,
-        surge=surge,
+        surge_rps=surge_rps,
+        max_surge_share=s.max_surge_headroom,
         planned_sequences=cfg.planned_sequences_per_replica,
         rising=rising,
         need_demand=need_demand,

@@ -47,9 +47,10 @@ from autoscale.scenarios import SYNTHETIC_KINDS, TUNING_SEEDS, TraceSpec
 __all__ = ["HEADROOM_GRID", "RAY_GRID", "main", "score"]
 
 HEADROOM_GRID: Mapping[str, Sequence[Any]] = {
-    "target_engine_utilization": (0.7, 0.8, 0.9),
-    "surge_lookback_s": (0.0, 1800.0, 3600.0),
+    "target_engine_utilization": (0.6, 0.7, 0.8, 0.9),
+    "surge_lookback_s": (0.0, 1800.0),
     "trend_window_s": (60.0, 120.0),
+    "trend_min_t_stat": (2.0, 4.0),
     "downscale_sustain_s": (300.0, 600.0),
 }
 RAY_GRID: Mapping[str, Sequence[Any]] = {
@@ -57,7 +58,9 @@ RAY_GRID: Mapping[str, Sequence[Any]] = {
     "upscale_delay_s": (0.0, 30.0),
     "downscale_delay_s": (120.0, 600.0),
     "downscaling_factor": (0.3, 1.0),
+    "upscaling_factor": (1.0, 2.0),
 }
+"""Ray's grid has more points (96) than headroom's (64): its baseline is searched at least as widely."""
 
 
 def _grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -114,6 +117,7 @@ def _key(task: Task, dep: Deployment) -> str:
     s = dep.settings
     deployment: list[Any] = [
         asdict(dep.limits),
+        asdict(dep.admission),
         asdict(dep.cost),
         dep.ttft_target_ms,
         s.replica_startup_s,

@@ -206,10 +206,20 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], PolicyState, str, int]] =
     ("starting replicas", {"starting": 2, "p95": 900.0}, {}, PolicyState(), "scale_up_in_progress", 6),
     ("demand outgrew the scale-up", {"starting": 2, "rate": 600.0}, {}, PolicyState(), "scale_up_further", 9),
     (
+        # 20 rps x 0.015 s needs 0.3 replicas: straight down to one, not one replica per cooldown
         "low load, watched long enough",
         {"rate": 20.0, "running": 5},
         {},
         PolicyState(rate_history=steady_history(20.0)),
+        "scale_down",
+        1,
+    ),
+    (
+        # 150 rps x 0.015 s / (1 - 0.1 margin) = 2.5: three fit, so one fewer only
+        "load fits on one fewer",
+        {"rate": 150.0, "running": 5},
+        {},
+        PolicyState(rate_history=steady_history(150.0)),
         "scale_down",
         3,
     ),
@@ -362,28 +372,60 @@ def history(rates: list[float], until_s: float = 1000.0) -> tuple[tuple[float, f
 
 
 @pytest.mark.parametrize(
-    ("rates", "surge"),
+    ("rates", "surge_rps"),
     [
         ([100.0] * 60, 0.0),  # steady
-        ([100.0] * 30 + [150.0] * 30, 0.5),  # a rise by half from one 90 s start-up to the next
-        ([100.0] * 30 + [400.0] * 30, 1.0),  # capped at max_surge_headroom
+        # a rise of 50 rps from one 90 s start-up to the next, less 3 Poisson standard errors (5 rps)
+        ([100.0] * 30 + [150.0] * 30, 50.0 - 3 * (250 / 90) ** 0.5),
+        ([100.0] * 30 + [400.0] * 30, 300.0 - 3 * (500 / 90) ** 0.5),  # capped only where it is used
         ([100.0] * 30 + [50.0] * 30, 0.0),  # falls are not surges
     ],
 )
-def test_surge_headroom_is_the_largest_rise_over_a_startup(rates: list[float], surge: float) -> None:
+def test_surge_headroom_is_the_largest_rise_over_a_startup(rates: list[float], surge_rps: float) -> None:
     _, state = decide(
         snapshot(rate=rates[-1]), PolicyState(rate_history=history(rates[:-1], 990.0)), config()
     )
-    assert state.surge == pytest.approx(surge)
+    assert state.surge_rps == pytest.approx(surge_rps)
 
 
 def test_surge_headroom_sizes_demand_and_is_off_at_zero_lookback() -> None:
-    rising = PolicyState(rate_history=history([100.0] * 30 + [150.0] * 29, 990.0))
-    decision, _ = decide(snapshot(rate=150.0), rising, config())
-    # 150 rps x 0.015 s x (1 + 0.5) = 3.4: 4 replicas
-    assert (decision.details["surge_headroom"], decision.details["need_demand"]) == (0.5, 4)
-    decision, _ = decide(snapshot(rate=150.0), rising, config(surge_lookback_s=0.0))
-    assert (decision.details["surge_headroom"], decision.details["need_demand"]) == (0.0, 3)
+    surged = PolicyState(rate_history=history([100.0] * 30 + [200.0] * 29, 990.0))
+    decision, _ = decide(snapshot(rate=200.0), surged, config())
+    # (200 - 2 x sqrt(200 / 10) noise + 94.5 kept) rps x 0.015 s = 4.3: 5 replicas
+    assert decision.details["surge_rps"] == pytest.approx(100.0 - 3 * (300 / 90) ** 0.5, abs=0.01)
+    assert decision.details["need_demand"] == 5
+    decision, _ = decide(snapshot(rate=200.0), surged, config(surge_lookback_s=0.0))
+    # 191 rps x 0.015 s = 2.9: 3 replicas
+    assert (decision.details["surge_rps"], decision.details["need_demand"]) == (0.0, 3)
+    capped = config(max_surge_headroom=0.1)  # at most 10% of the demand kept: 210 rps x 0.015 = 3.2
+    assert decide(snapshot(rate=200.0), surged, capped)[0].details["need_demand"] == 4
+
+
+@pytest.mark.parametrize(
+    ("retries", "requests_rps"),
+    [
+        (2, 175.0 / (1 + 3 / 7 + (3 / 7) ** 2)),  # 3 in 7 attempts refused, each request tries <= 3 times
+        (0, 175.0),  # clients that never retry: every attempt is a request
+    ],
+)
+def test_refused_attempts_count_once_per_request(retries: int, requests_rps: float) -> None:
+    snap = dataclasses.replace(snapshot(rate=175.0), refused_rate_rps=75.0)
+    assert snap.offered_rate_rps(retries) == pytest.approx(requests_rps)
+    decision, state = decide(snap, PolicyState(), config(client_retries=retries))
+    assert decision.details["arrival_rate_rps"] == pytest.approx(requests_rps, abs=0.01)
+    assert state.rate_history[-1][1] == pytest.approx(requests_rps)
+
+
+def test_a_trend_counts_only_once_two_reports_in_a_row_show_it() -> None:
+    # 100 rps, then two reports at 160: the fit over the 60 s trend window has a significant slope
+    # (1.07 rps/s at t >= 2), the report before it did not; with a third report at 160 both do.
+    cfg = config(trend_min_t_stat=2.0)
+    two = PolicyState(rate_history=history([100.0] * 10 + [160.0], 990.0))
+    assert decide(snapshot(rate=160.0), two, cfg)[0].details["trend_rps_per_s"] == 0
+    three = PolicyState(rate_history=history([100.0] * 9 + [160.0] * 2, 990.0))
+    assert decide(snapshot(rate=160.0), three, cfg)[0].details["trend_rps_per_s"] == pytest.approx(
+        1.07, abs=0.01
+    )
 
 
 def test_noise_on_a_steady_rate_is_not_a_trend() -> None:
