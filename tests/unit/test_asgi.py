@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
+from autoscale import replica_stats as report_keys
 from autoscale.replica_stats import ReplicaStatsWindow
 from serve_app.config.security import APIKeysSource, RequestLimits, SecuritySection
 from serve_app.serving.asgi import ReplicaASGI
@@ -161,12 +163,15 @@ def test_a_full_queue_refuses_with_retry_after_and_admits_again_once_a_request_e
         inner.hold.set()
         done = await asyncio.gather(*held)
         again = await call(app, "POST", CHAT, b'{"n": 2}')
-        return refused, done, again
+        return refused, done, again, app.metrics.window.report(time.time())
 
-    (status, headers, body, _), done, again = run(scenario())
+    (status, headers, body, _), done, again, report = run(scenario())
     assert status == 503 and headers[b"retry-after"] == b"1"
+    assert 500 <= int(headers[b"retry-after-ms"]) <= 1500  # OpenAI's clients prefer it: spread retries
     assert error_of(body)["type"] == "ServiceUnavailableError"
     assert [d[0] for d in done] == [200, 200] and again[0] == 200
+    # The autoscaler sees four arrivals over its 10 s window, one of them refused (a client may retry it).
+    assert (report[report_keys.ARRIVAL_RATE_RPS], report[report_keys.REFUSED_RATE_RPS]) == (0.4, 0.1)
 
 
 def test_a_client_that_leaves_while_sending_its_body_gets_no_answer_and_the_app_no_call():
