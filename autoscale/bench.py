@@ -7,8 +7,11 @@ from the config and its plan by loadtests/autoscale_inputs.py: no capacity is ha
 replica's capacity from the replicas' reports). Baselines, on the same requests: the smallest static fleet
 that keeps 99% of requests under the TTFT target on that trace (found by search, in hindsight), and Ray
 Serve's default policy with the knobs autoscale/tune.py chose on the tuning traces (tuning.json). Also
-reported, not judged: headroom seeded with a capacity 0.5x, 1x and 2x the trace's true per-request cost
-(on the first five judging seeds), and on the step trace a reference no deployment can run, the step
+reported, not judged, on the first five judging seeds: headroom seeded with a capacity 0.5x, 1x and 2x
+the trace's true per-request cost; headroom with clients that never retry a refused request while the
+policy assumes the openai client's two retries; the frontier (both families at other settings of the knob
+that sets their spare capacity: headroom's target_engine_utilization, Ray's target_ongoing_requests, so
+each can be compared at the other's spend); and on the step trace a reference no deployment can run, the step
 oracle (:class:`~autoscale.sim.StepOracle`): it asks for the static 99% fleet at the very second the load
 steps up, with 1 or 2 replicas fewer (or the start fleet) serving until then. What it misses, any policy
 with that many replicas serving when the step comes misses too.
@@ -32,7 +35,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +55,17 @@ from autoscale.experiment import (
     smallest_static,
 )
 from autoscale.ray_default import RayKnobs
-from autoscale.report import plot_trace, write_report
+from autoscale.report import FRONTIER, plot_trace, write_report
 from autoscale.scenarios import JUDGING_SEEDS, PRODUCTION_FORMAT, SYNTHETIC_KINDS, TraceSpec
 
 __all__ = ["Check", "check_targets", "main"]
 
 SEED_FACTORS = (0.5, 1.0, 2.0)
+NEVER_RETRY = "headroom, clients never retry"
+FRONTIER_UTILIZATION = (0.4, 0.5, 0.6, 0.7, 0.8)
+FRONTIER_RAY_TARGETS = (10.0, 20.0, 40.0, 80.0)
+"""Reported, not judged (first five judging seeds): attainment against replica-hours at other settings
+of the knob that sets each family's spare capacity."""
 ORACLE_SHORT = (1, 2)
 """The step oracle runs with the static 99% fleet less these many replicas before the step (and with the
 start fleet)."""
@@ -87,6 +95,14 @@ def policies(dep: Deployment, tuning: Mapping[str, Any]) -> dict[str, PolicySpec
     for f in SEED_FACTORS:
         name = f"headroom, seed {f:g}x"
         out[name] = PolicySpec("headroom", name, seed_factor=f)
+    out[NEVER_RETRY] = PolicySpec("headroom", NEVER_RETRY)
+    # The trade-off at other spends, both families moved along the knob that sets their spare capacity.
+    for u in FRONTIER_UTILIZATION:
+        name = f"{FRONTIER} headroom, target_engine_utilization {u:g}"
+        out[name] = PolicySpec("headroom", name, overrides=(("target_engine_utilization", u),))
+    for target in FRONTIER_RAY_TARGETS:
+        name = f"{FRONTIER} ray, target_ongoing_requests {target:g}"
+        out[name] = PolicySpec("ray", name, ray=replace(ray, target_ongoing_requests=target))
     return out
 
 
@@ -106,10 +122,11 @@ def _run(dep: Deployment, tuning: Mapping[str, Any], specs: list[TraceSpec], job
             pol,
             st["initial_replicas"],
             keep_timeline=sp.seed == TIMELINE_SEED and name in ("headroom", "ray-tuned"),
+            client_retries=0 if name == NEVER_RETRY else None,
         )
         for name, pol in pols.items()
         for sp, st in zip(specs, statics, strict=True)
-        if pol.seed_factor is None or sp.seed in SEED_VARIANT_SEEDS
+        if name in ("headroom", "ray-tuned") or sp.seed in SEED_VARIANT_SEEDS
     ]
     described = {k: _describe(v) for k, v in pols.items()}
     for sp, st in zip(specs, statics, strict=True):

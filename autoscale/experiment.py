@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -161,6 +161,8 @@ class Task:
     policy: PolicySpec
     initial_replicas: int
     keep_timeline: bool = False
+    client_retries: int | None = None
+    """How often the simulated clients retry a refused request; None: the deployment's Admission."""
 
 
 def initial_replicas(trace: RequestTrace, static_replicas: int, min_replicas: int) -> int:
@@ -173,9 +175,10 @@ def initial_replicas(trace: RequestTrace, static_replicas: int, min_replicas: in
 def run_task(task: Task, dep: Deployment) -> dict[str, Any]:
     trace = build_trace(task.trace)
     policy = task.policy.build(dep, trace)
-    result = simulate(
-        trace, policy, dep.setup(task.trace.seed, task.initial_replicas), keep_timeline=task.keep_timeline
-    )
+    setup = dep.setup(task.trace.seed, task.initial_replicas)
+    if task.client_retries is not None:
+        setup = replace(setup, admission=replace(setup.admission, client_retries=task.client_retries))
+    result = simulate(trace, policy, setup, keep_timeline=task.keep_timeline)
     return _record(task.trace, result)
 
 

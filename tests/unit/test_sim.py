@@ -23,7 +23,7 @@ from autoscale.calibration import (
 from autoscale.replica_engine import ReplicaEngine, Requests
 from autoscale.replica_stats import ReplicaStatsWindow
 from autoscale.scenarios import PEAK_RPS_RANGE, SYNTHETIC_KINDS, TraceSpec, build_trace
-from autoscale.sim import ScaleEvent, SimSetup, StaticPolicy, direction_stats, simulate
+from autoscale.sim import ScaleEvent, SimSetup, StaticPolicy, StepOracle, direction_stats, simulate
 from autoscale.workload import (
     RequestTrace,
     constant_rate,
@@ -253,6 +253,19 @@ def test_a_retried_request_is_timed_from_its_first_attempt_by_the_client_and_its
     r = simulate(two, StaticPolicy(1), sim)
     assert (r.failed, r.refused) == (0, 2)
     assert r.attainment == 0.5  # the retried one got its first token ~4 s after it was first sent
+
+
+def test_the_step_oracle_asks_at_the_second_of_the_step_and_waits_the_start_up() -> None:
+    r = simulate(
+        trace([], duration_s=120.0),
+        StepOracle(30.0, 90.0, 1, 3),
+        setup(1, startup_s=20.0),
+        keep_timeline=True,
+    )
+    assert r.timeline is not None
+    ready, asked = r.timeline["ready"], r.timeline["provisioned"]
+    assert (asked[28], asked[30], ready[48], ready[50]) == (1, 3, 1, 3)  # asked at 30 s, serving at 50 s
+    assert ready[95] == 1  # back at the step down
 
 
 def test_simulation_is_deterministic() -> None:
