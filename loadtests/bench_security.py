@@ -9,10 +9,9 @@ per request, measured two ways in one run; writes JSON and a Markdown table.
    every limit, the bounded queue) and `open` (no keys, no token limits, no queue), TTFT p50 of streamed
    completions at concurrency 1, the two apps alternating round by round.
 3. Overload (`--overload`): two replicas of max_num_seqs 4 at 4x their safe concurrency (the drill of
-   tests/integration/test_security_overload.py), `--overload-repeats` times per `--queue-fractions`, with
-   refused clients that wait `retry-after-ms` (OpenAI's clients: spread over 0.5-1.5 s) and clients that
-   wait the whole-second `Retry-After`, in alternating order: TTFT of admitted requests against TTFT at
-   safe concurrency (p50 and p99, and their ratios per drill), and refusal latency.
+   tests/integration/test_security_overload.py), `--overload-repeats` times per `--queue-fractions`: TTFT
+   of admitted requests against TTFT at safe concurrency (p50 and p99, and their ratios per drill), and
+   refusal latency at the client and at the replica.
 
     python -m loadtests.bench_security --e2e --overload --out results/security
 """
@@ -203,10 +202,6 @@ def e2e(rounds: int, requests: int, prompt_words: int, max_tokens: int, http_por
     }
 
 
-CLIENTS = {"retry-after-ms": False, "whole seconds": True}
-"""The refused clients' wait: OpenAI's (retry-after-ms) or Retry-After's whole seconds."""
-
-
 def overload(queue_fractions: list[float], overload_s: float, http_port: int, repeats: int) -> list[dict]:
     import gc
 
@@ -240,15 +235,13 @@ def overload(queue_fractions: list[float], overload_s: float, http_port: int, re
             pids = {p.pid for p in serve_replicas(cfg.name)}
             base_url = f"http://127.0.0.1:{http_port}{cfg.route_prefix}"
             for r in range(repeats):
-                for clients in list(CLIENTS) if r % 2 == 0 else list(CLIENTS)[::-1]:
-                    drill = asyncio.run(
-                        overload_drill(
-                            base_url, "tiny-qwen3", {}, 8, pids, cfg.route_prefix,
-                            overload_s=overload_s, whole_seconds=CLIENTS[clients],
-                        )
-                    )  # fmt: skip
-                    rows.append({"queue_fraction": fraction, "clients": clients, "repeat": r, **drill.report})
-                    print(json.dumps(rows[-1]), flush=True)
+                drill = asyncio.run(
+                    overload_drill(
+                        base_url, "tiny-qwen3", {}, 8, pids, cfg.route_prefix, overload_s=overload_s
+                    )
+                )
+                rows.append({"queue_fraction": fraction, "repeat": r, **drill.report})
+                print(json.dumps(rows[-1]), flush=True)
             serve.delete(cfg.name)
     finally:
         gc.unfreeze()
@@ -258,12 +251,12 @@ def overload(queue_fractions: list[float], overload_s: float, http_port: int, re
 
 
 def overload_summary(rows: list[dict]) -> list[dict]:
-    """Per queue fraction and client kind: admitted TTFT against safe concurrency's, p50 and p99, each
-    drill's ratio, median [min, max] over the repeats."""
+    """Per queue fraction: admitted TTFT against safe concurrency's, p50 and p99, each drill's ratio, median
+    [min, max] over the repeats."""
     out = []
-    for fraction, clients in dict.fromkeys((r["queue_fraction"], r["clients"]) for r in rows):
-        mine = [r for r in rows if (r["queue_fraction"], r["clients"]) == (fraction, clients)]
-        entry: dict = {"queue_fraction": fraction, "clients": clients, "drills": len(mine)}
+    for fraction in dict.fromkeys(r["queue_fraction"] for r in rows):
+        mine = [r for r in rows if r["queue_fraction"] == fraction]
+        entry: dict = {"queue_fraction": fraction, "drills": len(mine)}
         for q in ("p50", "p99"):
             ratios = [r["ttft admitted at 4x"][q] / r["ttft at safe concurrency"][q] for r in mine]
             entry[f"ttft_{q}_ratio"] = {
@@ -311,9 +304,9 @@ def markdown(report: dict) -> str:
             "",
             "## Overload: 2 replicas of max_num_seqs 4, 8 clients then 32 (ms: p50 / p99, n)",
             "",
-            "| queue_fraction | refused clients wait | TTFT at 8 | TTFT admitted at 32 | refusal, client "
-            "| refusal, replica | /health |",
-            "|---|---|---|---|---|---|---|",
+            "| queue_fraction | TTFT at 8 | TTFT admitted at 32 | refusal, client | refusal, replica "
+            "| /health |",
+            "|---|---|---|---|---|---|",
         ]
         keys = ("ttft at safe concurrency", "ttft admitted at 4x", "refusal, client", "refusal, replica")
         for row in report["overload"]:
@@ -321,19 +314,18 @@ def markdown(report: dict) -> str:
             cells.append(
                 f"{row['health, client'].get('p50', 0):.0f} / {row['health, client'].get('p99', 0):.0f}"
             )
-            lines.append(f"| {row['queue_fraction']} | {row['clients']} | " + " | ".join(cells) + " |")
+            lines.append(f"| {row['queue_fraction']} | " + " | ".join(cells) + " |")
         lines += [
             "",
             "Admitted TTFT at 4x over TTFT at safe concurrency, per drill (median [min, max]):",
             "",
-            "| queue_fraction | refused clients wait | drills | p50 ratio | p99 ratio | refusal p99 at the "
-            "replica, worst (ms) |",
-            "|---|---|---|---|---|---|",
+            "| queue_fraction | drills | p50 ratio | p99 ratio | refusal p99 at the replica, worst (ms) |",
+            "|---|---|---|---|---|",
         ]
         for e in report["overload_summary"]:
             p50, p99 = e["ttft_p50_ratio"], e["ttft_p99_ratio"]
             lines.append(
-                f"| {e['queue_fraction']} | {e['clients']} | {e['drills']} | {p50['median']:.2f} "
+                f"| {e['queue_fraction']} | {e['drills']} | {p50['median']:.2f} "
                 f"[{p50['min']:.2f}, {p50['max']:.2f}] | {p99['median']:.2f} [{p99['min']:.2f}, "
                 f"{p99['max']:.2f}] | {e['refusal_replica_p99_ms_max']:.1f} |"
             )

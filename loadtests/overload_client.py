@@ -2,9 +2,7 @@
 failure drills (tests/integration/test_security_overload.py) and the overload benchmark
 (loadtests/bench_security.py) measure TTFT, refusal latency and failures with.
 
-A refused client waits as OpenAI's clients do: ``retry-after-ms`` when the answer has it (headroom's
-replicas spread it over 0.5-1.5x the wait), else ``Retry-After``; ``closed_loop(..., whole_seconds=True)``
-waits ``Retry-After`` only, as a client that knows no ``retry-after-ms``.
+A refused client waits the Retry-After it was given, as OpenAI's clients do (no jitter).
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ class Outcome:
     ttft_s: float | None = None  # to the first content token
     refused_in_s: float | None = None  # to the response, for a status other than 200
     retry_after: str | None = None
-    retry_after_ms: str | None = None
     error_json: bool = False  # a refusal's body was OpenAI's error JSON
     tokens: int = 0
     error: str = ""  # a transport error or an error event; for a refusal not in JSON, its body
@@ -54,7 +51,6 @@ async def one_stream(
             if r.status_code != 200:
                 out.refused_in_s = time.monotonic() - out.started_s
                 out.retry_after = r.headers.get("retry-after")
-                out.retry_after_ms = r.headers.get("retry-after-ms")
                 text = await r.aread()
                 out.error_json = text.startswith(b"{") and "error" in json.loads(text)
                 if not out.error_json:  # whose refusal it was (Serve's, HAProxy's)
@@ -84,11 +80,10 @@ async def closed_loop(
     max_tokens: int = 16,
     retries: int = 0,
     ramp_s: float = 0,
-    whole_seconds: bool = False,
 ) -> list[Outcome]:
     """`users` clients, each sending its next stream when the last ends, for duration_s; client u starts
-    u * ramp_s / users in. A refused client waits first (the module docstring); with retries > 0, a refused
-    request is sent again (the same request, the same `Outcome.request`)."""
+    u * ramp_s / users in. A refused client waits Retry-After first; with retries > 0, a refused request is
+    sent again (the same request, the same `Outcome.request`)."""
     outcomes: list[Outcome] = []
     texts = prompts(users * 4000, words=12)
     limits = httpx.Limits(max_connections=users, max_keepalive_connections=users)
@@ -106,17 +101,10 @@ async def closed_loop(
                     outcomes.append(out)
                     if out.retry_after is None:
                         break
-                    await asyncio.sleep(wait_s(out, whole_seconds))
+                    await asyncio.sleep(float(out.retry_after))
 
         await asyncio.gather(*(user(u) for u in range(users)))
     return outcomes
-
-
-def wait_s(refused: Outcome, whole_seconds: bool = False) -> float:
-    """How long a refused client waits before it sends again."""
-    if refused.retry_after_ms is not None and not whole_seconds:
-        return float(refused.retry_after_ms) / 1000
-    return float(refused.retry_after or 0)
 
 
 def stats_ms(values_s: list[float]) -> dict[str, float]:
@@ -165,7 +153,6 @@ async def overload_drill(
     baseline_s: float = 20,
     warmup_s: float = 5,
     every_5s=None,
-    whole_seconds: bool = False,
 ) -> DrillResult:
     """`safe` clients for baseline_s, then 4 * safe clients for overload_s, ramped in and with the first
     warmup_s of each phase left out (the ramp and the clients' first Retry-After). `every_5s()` is called
@@ -194,9 +181,7 @@ async def overload_drill(
     start = time.monotonic()
     helpers = [asyncio.create_task(sample()), asyncio.create_task(probe())]
     try:
-        every = await closed_loop(
-            url, model, headers, 4 * safe, overload_s, ramp_s=2, whole_seconds=whole_seconds
-        )
+        every = await closed_loop(url, model, headers, 4 * safe, overload_s, ramp_s=2)
     finally:
         for task in helpers:
             task.cancel()

@@ -13,7 +13,6 @@ of a POST is read and parsed once here and handed on as it came; responses pass 
 from __future__ import annotations
 
 import contextvars
-import random
 import time
 from collections.abc import Mapping
 
@@ -111,9 +110,7 @@ class ReplicaASGI:
         self.caps = field_caps(security.limits)
         overload = security.overload
         self.overload_status = overload.status if overload is not None else 503
-        retry_after_s = overload.retry_after_s if overload is not None else 1
-        self.retry_after_s = str(retry_after_s).encode()
-        self.retry_after_ms = (500 * retry_after_s, 1500 * retry_after_s)
+        self.retry_after_s = str(overload.retry_after_s if overload is not None else 1).encode()
         self.gate = AdmissionGate(admission_bound) if admission_bound is not None else None
         self.engine_dead = False
         self.generating = 0
@@ -192,10 +189,7 @@ class ReplicaASGI:
         body = openai_error_body(refused.status, refused.message, refused.param)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if refused.status in (429, 503):
-            # Retry-After takes whole seconds, so clients refused together would all come back together;
-            # OpenAI's clients prefer retry-after-ms, which spreads them over 0.5-1.5x the wait.
             headers.append((b"retry-after", self.retry_after_s))
-            headers.append((b"retry-after-ms", b"%d" % random.randint(*self.retry_after_ms)))
         if refused.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
         if refused.status == 413 or self.engine_dead:

@@ -16,6 +16,7 @@ import time
 import pytest
 from ray import serve
 
+from autoscale.replica_stats import ARRIVAL_RATE_RPS, REFUSED_RATE_RPS
 from loadtests.overload_client import Outcome, closed_loop, overload_drill
 from loadtests.processes import serve_replicas
 from tests.integration.conftest import engine_core_of
@@ -50,12 +51,17 @@ def test_overload_at_4x_safe_concurrency_is_refused_fast_and_admitted_requests_k
     safe = secure.cfg.engine.max_num_seqs * secure.cfg.deployment.num_replicas
     rss_before = replica_rss_bytes()
     rss_samples: list[dict[int, int]] = []
+    reports: list[dict[str, float]] = []  # what the autoscaler reads from a replica (10 s windows)
+
+    def every_5s() -> None:
+        rss_samples.append(replica_rss_bytes())
+        reports.append(serve.get_app_handle("secure").record_autoscaling_stats.remote().result(timeout_s=10))
+
     drill = asyncio.run(
         overload_drill(
-            secure.base_url, MODEL, secure.auth(), safe, set(rss_before), secure.prefix,
-            every_5s=lambda: rss_samples.append(replica_rss_bytes()),
+            secure.base_url, MODEL, secure.auth(), safe, set(rss_before), secure.prefix, every_5s=every_5s
         )
-    )  # fmt: skip
+    )
     report = {**drill.report, "rss_mib": {p: [s[p] >> 20 for s in rss_samples if p in s] for p in rss_before}}
     print(f"\noverload drill, ms: {json.dumps(report, indent=1)}")
     baseline, every = drill.baseline, drill.overload
@@ -67,6 +73,9 @@ def test_overload_at_4x_safe_concurrency_is_refused_fast_and_admitted_requests_k
     ][:3]
     assert all(o.completed for o in admitted), [o for o in admitted if not o.completed][:3]
     assert len(refused) > len(admitted) / 4  # 32 clients, room for 8: a refused client comes back after 1 s
+    # The replicas count refused attempts beside arrivals, so the autoscaler counts a retried request once.
+    assert max(r[REFUSED_RATE_RPS] for r in reports) > 0, reports
+    assert all(r[REFUSED_RATE_RPS] <= r[ARRIVAL_RATE_RPS] for r in reports), reports
     plain = [o for o in refused if not (o.retry_after == "1" and o.error_json)]
     assert not plain, (len(plain), len(refused), plain[:3])
     # Refused in under 50 ms where the replica measures it (Ray Serve's request log). At the client the

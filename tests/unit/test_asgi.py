@@ -167,7 +167,6 @@ def test_a_full_queue_refuses_with_retry_after_and_admits_again_once_a_request_e
 
     (status, headers, body, _), done, again, report = run(scenario())
     assert status == 503 and headers[b"retry-after"] == b"1"
-    assert 500 <= int(headers[b"retry-after-ms"]) <= 1500  # OpenAI's clients prefer it: spread retries
     assert error_of(body)["type"] == "ServiceUnavailableError"
     assert [d[0] for d in done] == [200, 200] and again[0] == 200
     # The autoscaler sees four arrivals over its 10 s window, one of them refused (a client may retry it).
