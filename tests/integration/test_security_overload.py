@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -52,16 +53,25 @@ def test_overload_at_4x_safe_concurrency_is_refused_fast_and_admitted_requests_k
     rss_before = replica_rss_bytes()
     rss_samples: list[dict[int, int]] = []
     reports: list[dict[str, float]] = []  # what the autoscaler reads from a replica (10 s windows)
+    stop = threading.Event()
 
-    def every_5s() -> None:
-        rss_samples.append(replica_rss_bytes())
-        reports.append(serve.get_app_handle("secure").record_autoscaling_stats.remote().result(timeout_s=10))
+    def read_reports() -> None:  # a thread: Serve's handles block, which the drill's event loop must not
+        handle = serve.get_app_handle("secure")
+        while not stop.wait(5):
+            reports.append(handle.record_autoscaling_stats.remote().result(timeout_s=10))
 
-    drill = asyncio.run(
-        overload_drill(
-            secure.base_url, MODEL, secure.auth(), safe, set(rss_before), secure.prefix, every_5s=every_5s
-        )
-    )
+    reader = threading.Thread(target=read_reports, daemon=True)
+    reader.start()
+    try:
+        drill = asyncio.run(
+            overload_drill(
+                secure.base_url, MODEL, secure.auth(), safe, set(rss_before), secure.prefix,
+                every_5s=lambda: rss_samples.append(replica_rss_bytes()),
+            )
+        )  # fmt: skip
+    finally:
+        stop.set()
+        reader.join(timeout=30)
     report = {**drill.report, "rss_mib": {p: [s[p] >> 20 for s in rss_samples if p in s] for p in rss_before}}
     print(f"\noverload drill, ms: {json.dumps(report, indent=1)}")
     baseline, every = drill.baseline, drill.overload
