@@ -62,8 +62,8 @@ bench-stat-logger: $(STAMP)
 	$(PY) -m loadtests.bench_stat_logger --out results/stat_logger
 
 # The shipped autoscaling policy against Ray's tuned default and static fleets, in the request-level
-# simulator (about an hour on 2 cores; results/autoscale). The deployment's numbers come from the config
-# and its plan; Ray's knobs from results/autoscale/tuning.json (make tune-autoscale, about as long).
+# simulator (26 min on 2 cores; results/autoscale). The deployment's numbers come from the config
+# and its plan; Ray's knobs from results/autoscale/tuning.json (make tune-autoscale, 61 min).
 AUTOSCALE_INPUTS := $(PY) -m loadtests.autoscale_inputs configs/base.yaml configs/prod.yaml --gpus 8 --nodes 2 --out results/autoscale/deployment.json
 
 bench-autoscale: $(STAMP)
