@@ -372,7 +372,7 @@ def _scale_down(ctx: _Context) -> Outcome:
 
 def _fewest_that_fit(ctx: _Context) -> int:
     """One fewer, or straight down to the fleet the peak needs with margin when that is smaller: a fleet
-    left far above its load (after a surge) gives back its surplus in one step, not one a cooldown."""
+    left far above its load (after a surge) gives back its surplus in one step, not a replica per cooldown."""
     sig, s = _signals(ctx), ctx.config.settings
     if sig.replica_s_per_request is None:
         return ctx.target - 1

@@ -56,7 +56,7 @@ class Signals:
 
     def with_surge(self, rate_rps: float) -> float:
         """``rate_rps`` plus what is kept in hand for a surge (at most ``max_surge_share`` of it)."""
-        return rate_rps + min(self.surge_rps, self.max_surge_share * rate_rps)
+        return _with_surge(rate_rps, self.surge_rps, self.max_surge_share)
 
     def details(self) -> dict[str, float | int | str | None]:
         svc = self.service
@@ -239,6 +239,10 @@ def _smoothed_peak(history: Sequence[tuple[float, float]], now_s: float, cfg: Po
     return best
 
 
+def _with_surge(rate_rps: float, surge_rps: float, max_share: float) -> float:
+    return rate_rps + min(surge_rps, max_share * rate_rps)
+
+
 def _above_noise(rate_rps: float, window_s: float) -> float:
     """The rate less ``_NOISE_Z`` Poisson standard errors of a count over ``window_s``."""
     return max(0.0, rate_rps - _NOISE_Z * math.sqrt(max(rate_rps, 0.0) / max(window_s, 1e-9)))
@@ -268,7 +272,7 @@ def measure(
     projected = 0.0 if rate is None else _above_noise(rate, snapshot.window_s) + slope * s.replica_startup_s
     per_request_s = None if service is None else cfg.replica_seconds_per_request(service)
     rising = rate is not None and slope > 0
-    kept = projected + min(surge_rps, s.max_surge_headroom * projected)
+    kept = _with_surge(projected, surge_rps, s.max_surge_headroom)
     need_demand = 0
     if per_request_s is not None and projected > 0:
         need_demand = _ceil(kept * per_request_s) + (s.spare_replicas if rising else 0)
