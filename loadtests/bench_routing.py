@@ -209,6 +209,8 @@ def run_locust(url: str, model: str, profile: str, ladder: str, raw: Path, args:
         flags["--tokens-per-word"] = args.tokens_per_word
     if args.prefix_tokens:
         flags["--prefix-tokens"] = args.prefix_tokens
+    if args.prefix_count > 1:
+        flags["--prefix-count"] = args.prefix_count
     limit_s = int(ladder.split(":")[1]) + REQUEST_TIMEOUT_S + 60
     result = subprocess.run(
         locust_command(url, model, raw, flags), capture_output=True, text=True, timeout=limit_s, check=False
@@ -392,12 +394,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--tokens-per-word", default=None, help="prompt sizing for Locust (tiny-qwen3: 4.5)")
     p.add_argument("--prefix-tokens", type=int, default=None, help="shared-prefix system prompt, tokens")
+    p.add_argument("--prefix-count", type=int, default=1,
+                   help="shared-prefix: distinct system prompts; more than one replica's KV cache holds "
+                   "makes routing decide the hit rate")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("results/bench_routing"))
     args = p.parse_args(argv)
     for spec in args.profiles:
         if len(spec.split(":")) != 3:
             p.error(f"--profiles {spec!r}: expected PROFILE:CONCURRENCY:SECONDS, e.g. multi-turn:64:30")
+    if args.prefix_count < 1:
+        p.error(f"--prefix-count {args.prefix_count}: expected a whole number >= 1")
     return args
 
 

@@ -151,6 +151,12 @@ def _add_arguments(parser: Any) -> None:
         help="shared-prefix: system prompt length, tokens",
     )
     group.add_argument(
+        "--prefix-count",
+        type=int,
+        default=1,
+        help="shared-prefix: distinct system prompts (tenants), each request picks one",
+    )
+    group.add_argument(
         "--request-timeout", type=float, default=600.0, help="Seconds a request may take (read timeout)"
     )
     group.add_argument(
@@ -273,6 +279,8 @@ def _on_init(environment: Any, **_: Any) -> None:
                 workloads.parse_steps(spec)
             except ValueError as e:
                 raise SystemExit(f"{flag}: {e}") from None
+    if options.prefix_count < 1:
+        raise SystemExit(f"--prefix-count {options.prefix_count}: expected a whole number >= 1")
     try:
         json.loads(options.extra_body)
     except json.JSONDecodeError as e:
@@ -298,6 +306,7 @@ def _on_test_start(environment: Any, **_: Any) -> None:
         "tokens_per_word": _resolve_tokens_per_word(environment, RUN.model, headers),
         "input_tokens": options.input_tokens,
         "prefix_tokens": options.prefix_tokens,
+        "prefix_count": options.prefix_count,
     }
     RUN.users = itertools.count()
     environment.step_latencies = measure.StepLatencies()

@@ -4,7 +4,9 @@ The profiles are the workloads the seeds tell apart, because the serving feature
 
 - `random`: prompts of random words of a set length, all distinct, so no prefix is shared (the baseline).
 - `shared-prefix`: one long system prompt (~2,000 tokens by default, ~1,500 words) shared by every
-  request of every user, then a short unique user turn: where prefix caching pays.
+  request of every user, then a short unique user turn: where prefix caching pays. With `prefix_count`
+  N > 1 there are N such prompts (tenants, each its own text) and each request picks one at random:
+  when N prompts outgrow one replica's KV cache but not the fleet's, routing decides the hit rate.
 - `multi-turn`: chat conversations that grow turn by turn; each request resends the whole history
   (system prompt, earlier user turns and assistant replies), so turn t's prompt is a prefix of turn t+1's.
   The assistant replies in the history are synthetic (generated here, not the model's real answer), so
@@ -36,6 +38,7 @@ import random
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import islice
 from typing import Any
 
@@ -190,6 +193,7 @@ class _Options:
     max_tokens: int | None
     input_tokens: int
     prefix_tokens: int
+    prefix_count: int = 1
 
     def words(self, tokens: float) -> int:
         return max(1, round(tokens / self.tokens_per_word))
@@ -269,12 +273,17 @@ def _gen_random(rng: random.Random, tag: str, opts: _Options) -> Iterator[dict[s
         )
 
 
-def shared_system_prompt(prefix_tokens: int = DEFAULT_PREFIX_TOKENS, tokens_per_word: float = 1.3) -> str:
-    """The long system prompt of `shared-prefix`: an operations handbook, identical for every caller."""
-    rng = random.Random(f"shared-prefix:{SHARED_PREFIX_SEED}")
+@lru_cache(maxsize=4096)
+def shared_system_prompt(
+    prefix_tokens: int = DEFAULT_PREFIX_TOKENS, tokens_per_word: float = 1.3, tenant: int = 0
+) -> str:
+    """The long system prompt of `shared-prefix`: an operations handbook, identical for every caller of
+    the same tenant (tenant 0 is the one prompt of the default profile)."""
+    rng = random.Random(f"shared-prefix:{SHARED_PREFIX_SEED}" + (f":{tenant}" if tenant else ""))
     n = max(1, round(prefix_tokens / tokens_per_word))
+    company = "Northwind Logistics" if tenant == 0 else f"Northwind Logistics, tenant {tenant}"
     head = (
-        "You are the support assistant of Northwind Logistics. Follow the handbook below exactly. "
+        f"You are the support assistant of {company}. Follow the handbook below exactly. "
         "Answer in at most three sentences and cite the section number you used.\n\n"
     )
     left = max(3, n - len(head.split()))
@@ -296,8 +305,9 @@ CITIES = "Lisbon Osaka Denver Nairobi Oslo Lima Perth Quebec Seville Tallinn Han
 
 
 def _gen_shared_prefix(rng: random.Random, tag: str, opts: _Options) -> Iterator[dict[str, Any]]:
-    system = shared_system_prompt(opts.prefix_tokens, opts.tokens_per_word)
     for i in range(10**12):
+        tenant = rng.randrange(opts.prefix_count) if opts.prefix_count > 1 else 0
+        system = shared_system_prompt(opts.prefix_tokens, opts.tokens_per_word, tenant)
         question = rng.choice(QUESTION_TEMPLATES).format(
             n=f"{tag}-{i}",
             city=rng.choice(CITIES),
@@ -535,6 +545,7 @@ def iter_requests(
     tokens_per_word: float = DEFAULT_TOKENS_PER_WORD,
     input_tokens: int = DEFAULT_INPUT_TOKENS,
     prefix_tokens: int = DEFAULT_PREFIX_TOKENS,
+    prefix_count: int = 1,
 ) -> Iterator[dict[str, Any]]:
     """The endless, deterministic request stream of one (profile, seed, stream).
 
@@ -542,7 +553,8 @@ def iter_requests(
     /v1/completions), prompt_words, max_tokens, temperature, top_p, seed (per-request sampling seed),
     conversation and turn (multi-turn; single-turn requests are their own conversation, turn 1).
     `max_tokens` overrides the profile's default; `input_tokens` sets `random`'s prompt length and
-    `prefix_tokens` the shared system prompt's, both in tokens at `tokens_per_word`.
+    `prefix_tokens` the shared system prompt's, both in tokens at `tokens_per_word`; `prefix_count`
+    how many distinct system prompts `shared-prefix` draws from.
     """
     if profile not in _GENERATORS:
         raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
@@ -550,7 +562,9 @@ def iter_requests(
         raise ValueError(f"tokens_per_word must be > 0, got {tokens_per_word}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    opts = _Options(tokens_per_word, max_tokens, input_tokens, prefix_tokens)
+    if prefix_count < 1:
+        raise ValueError(f"prefix_count must be >= 1, got {prefix_count}")
+    opts = _Options(tokens_per_word, max_tokens, input_tokens, prefix_tokens, prefix_count)
     rng = random.Random(f"{profile}:{seed}:{stream}")
     return _GENERATORS[profile](rng, f"s{seed}u{stream}", opts)
 

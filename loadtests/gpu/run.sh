@@ -129,7 +129,10 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
     # the counters settling per mode). The time limit ends it with its partial report if the engines start
     # cold (about 4 min for the first one). One repeat per call: for the spread, a second call with
     # ROUTING_ARGS="--first-mode prefix_affinity". ROUTING_CONFIG and ROUTING_ARGS also let the same phase
-    # run on the CPU build with small numbers.
+    # run on the CPU build with small numbers. One shared prefix is cached by both replicas whatever the
+    # routing (98% hits both ways, results/gpu/2026-12-01/routing); ROUTING_ARGS="--prefix-count N" draws
+    # from N tenant prompts, and N x the prefix's tokens beyond one replica's KV cache (794k tokens for
+    # Qwen3-8B) is where routing should decide the hit rate (not measured yet).
     read -r -a routing_config <<< "${ROUTING_CONFIG:-${config[*]}}"
     step_s=${ROUTING_STEP_S:-25}
     # shellcheck disable=SC2086  # the profile list and extra arguments are word lists

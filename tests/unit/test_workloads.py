@@ -134,6 +134,20 @@ def test_shared_prefix_is_really_shared_across_requests_seeds_and_streams():
     assert len(common) >= len(system)
 
 
+def test_shared_prefix_with_several_tenants_draws_each_request_from_their_prompts():
+    reqs = [
+        r for stream in range(4) for r in make_requests("shared-prefix", 50, 0, stream=stream, prefix_count=8)
+    ]
+    systems = [r["messages"][0]["content"] for r in reqs]
+    assert set(systems) == {shared_system_prompt(tenant=k) for k in range(8)}  # one text per tenant
+    assert shared_system_prompt(tenant=0) == shared_system_prompt()  # tenant 0 is the default profile's
+    # no tenant's prompt is a prefix of another's beyond their shared opening words
+    opening = os.path.commonprefix(sorted(set(systems)))
+    assert len(opening) < 80
+    with pytest.raises(ValueError, match="prefix_count"):
+        make_requests("shared-prefix", 1, 0, prefix_count=0)
+
+
 def test_shared_prefix_length_follows_tokens_per_word():
     short = make_requests("shared-prefix", 1, 0, prefix_tokens=1500, tokens_per_word=4.5)[0]
     assert abs(len(short["messages"][0]["content"].split()) - 1500 / 4.5) <= 2
