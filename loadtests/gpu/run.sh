@@ -5,6 +5,7 @@
 #
 #   bash loadtests/gpu/run.sh diag       # where headroom's extra time per request goes (~6 min, 2 GPUs or 1)
 #   bash loadtests/gpu/run.sh overhead   # bare vllm serve vs headroom, vllm bench serve, c = 1/64/128/256
+#   bash loadtests/gpu/run.sh defaults   # headroom's default config vs bare vllm serve with vLLM's defaults, c = 256
 #   bash loadtests/gpu/run.sh scale      # autoscaler step load; 2 replicas vs TP=2 (both GPUs)
 #   bash loadtests/gpu/run.sh ladder 1   # headroom ladder, first half of its 12 engines; then `ladder 2`
 #   bash loadtests/gpu/run.sh routing    # 2 replicas: prefix_affinity vs least_loaded routing, per-replica hits
@@ -36,7 +37,7 @@ case "${1:-}" in
     exit 0
     ;;
 esac
-phase=${1:?usage: run.sh diag|overhead|scale|ladder 1|2|routing|replay (or start|wait PHASE)}
+phase=${1:?usage: run.sh diag|overhead|defaults|scale|ladder 1|2|routing|replay (or start|wait PHASE)}
 name=$phase
 if [ "$phase" = ladder ]; then
   half=${2:?usage: run.sh ladder 1|2, the first or second half of the engines}
@@ -98,6 +99,16 @@ case "$phase" in
       --budget-s "${OVERHEAD_BUDGET_S:-530}" --out "$work" > "$work/overhead.log" 2>&1 || true
     tail -80 "$work/report.md" 2>/dev/null || tail -40 "$work/overhead.log"
     ;;
+  defaults)
+    # What a user compares first: `headroom serve` with its default config (the plan's flags) against plain
+    # `vllm serve MODEL` with vLLM's own engine defaults, each with the whole GPU (GPU 0), started, measured
+    # and stopped in turn every round, order alternating; random 1024/128 at concurrency 256.
+    timeout -s TERM "${DEFAULTS_TIMEOUT_S:-560}" python3 -m loadtests.bench_overhead --config "${config[@]}" \
+      --gpus 0 --bare-flags vllm-defaults --rounds "${ROUNDS:-3}" --workloads random-1024 \
+      --concurrency ${CONCURRENCY:-256} --num-prompts "${PROMPTS:-256:1024}" --ours-at \
+      --budget-s "${DEFAULTS_BUDGET_S:-530}" --out "$work" > "$work/overhead.log" 2>&1 || true
+    tail -80 "$work/report.md" 2>/dev/null || tail -40 "$work/overhead.log"
+    ;;
   scale)
     python3 -m loadtests.gpu.scale --config "${config[@]}" --out "$work" --budget-s "${BUDGET_S:-560}"
     ;;
@@ -151,5 +162,5 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
     ray stop --force >/dev/null 2>&1 || true  # a run cut by the timeout leaves its cluster up
     tail -40 "$work/report.md" 2>/dev/null || tail -40 "$work/replay.log"
     ;;
-  *) echo "unknown phase $phase (diag | overhead | scale | ladder 1|2 | routing | replay)" >&2; exit 2 ;;
+  *) echo "unknown phase $phase (diag | overhead | defaults | scale | ladder 1|2 | routing | replay)" >&2; exit 2 ;;
 esac
