@@ -385,7 +385,11 @@ class Bench:
             "notes": self.run.notes,
             "command": " ".join(["python -m loadtests.bench_overhead", *map(shlex.quote, sys.argv[1:])]),
             "vllm_bench_commands": self.run.commands,
-            "targets": {s: targets(rows, s) for s in servers if s != BARE},
+            "targets": {
+                s: targets(rows, s, against_vllm_defaults=self.args.bare_flags == "vllm-defaults")
+                for s in servers
+                if s != BARE
+            },
             "results": rows,
             "measurements": self.run.measurements,
             "memory": self.memory(),
