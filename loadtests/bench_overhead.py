@@ -305,6 +305,12 @@ class Bench:
     def time_left_s(self) -> float:
         return self.args.budget_s - (time.monotonic() - self.started)
 
+    def note_budget_stop(self, rounds_done: int, round_s: float) -> None:
+        self.run.notes.append(
+            f"stopped after {rounds_done} rounds: {max(self.time_left_s(), 0):.0f} s of the "
+            f"{self.args.budget_s:.0f} s budget were left, and the last round took {round_s:.0f} s"
+        )
+
     def run_pair(self) -> None:
         """Both servers up at once; a swap of GPUs between rounds when asked and the budget allows."""
         gpus = self.args.gpus or []
@@ -326,9 +332,7 @@ class Bench:
                     self.time_left_s(), round_s, restart_s, self.args.swap_gpus and len(gpus) > 1
                 )
                 if step == "stop":
-                    self.run.notes.append(
-                        f"stopped after {r} rounds: the time budget ({self.args.budget_s:.0f} s) was spent"
-                    )
+                    self.note_budget_stop(r, round_s)
                     return
                 if step == "swap":
                     self.stop()
@@ -348,9 +352,7 @@ class Bench:
         round_s = 0.0
         for r in range(self.args.rounds):
             if r > 0 and next_round(self.time_left_s(), round_s, 0.0, False) == "stop":
-                self.run.notes.append(
-                    f"stopped after {r} rounds: the time budget ({self.args.budget_s:.0f} s) was spent"
-                )
+                self.note_budget_stop(r, round_s)
                 return
             t0 = time.monotonic()
             for t in self.targets if r % 2 == 0 else self.targets[::-1]:
