@@ -13,7 +13,9 @@ metric's median over rounds with its min-max, and the per-round paired compariso
 - `--gpus A --share-gpu`: both servers up at once on one GPU (give each half its memory in the config),
   started one after another, loaded one at a time: no restart per round.
 `--variant NAME:ENV=VALUE,...` adds a headroom app whose replicas get that environment (a candidate fix,
-measured in the same run). Around each cell the engines' own TTFT histograms are read (medians from bucket
+measured in the same run). `--direct` adds headroom's replica on its own HTTP port as a third target (the
+same replica and engine, HAProxy skipped), to place a difference in the ingress or in the replica. Around
+each cell the engines' own TTFT histograms are read (medians from bucket
 counts, loadtests/engine_timing.py), so a slower first token can be placed inside or outside the engine;
 not with `--variant`, whose apps share one Ray metrics export.
 Results are written after every round, so a run cut short keeps what it measured: results.json,
@@ -44,6 +46,7 @@ from loadtests.overhead_client import ClientProcess, results_as_completed
 from loadtests.overhead_matrix import (
     BARE,
     HEADROOM,
+    HEADROOM_DIRECT,
     OUR_CLIENT,
     VLLM_BENCH,
     WARMUP_SEED,
@@ -87,15 +90,30 @@ def versions() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Target:
-    """A server under test: bare vLLM, headroom, or a headroom variant (an app at /NAME)."""
+    """A server under test: bare vLLM, headroom, a headroom variant (an app at /NAME), or headroom's
+    replica on its own port (direct: the same replica and engine, without HAProxy in front)."""
 
     name: str
     server: Server
     route: str = ""
+    direct: bool = False
 
     @property
     def base_url(self) -> str:
+        if self.direct:
+            assert isinstance(self.server, HeadroomServer)
+            return self.server.replica_url(self.route)
         return self.server.base_url + self.route
+
+    @property
+    def engine(self) -> str:
+        """The engine behind it (a direct target shares its app's): its timing counts are per engine."""
+        return self.server.name + self.route
+
+    def processes(self) -> ServerProcesses:
+        if isinstance(self.server, HeadroomServer):
+            return self.server.processes(self.route, with_ingress=not self.direct)
+        return self.server.processes(self.route)
 
 
 @dataclass(frozen=True)
@@ -148,11 +166,13 @@ class Bench:
         self.targets = [Target(BARE, self.bare), Target(HEADROOM, self.headroom)] + [
             Target(app_name_for(f"/{name}"), self.headroom, f"/{name}") for name, _ in self.variants
         ]
+        if args.direct:
+            self.targets.append(Target(HEADROOM_DIRECT, self.headroom, direct=True))
         self.cells = cells
         self.clients: dict[str, ClientProcess] = {}
         self.procs: dict[str, ServerProcesses] = {}
-        # The engines' timing histograms: requests sent to each target since its engine started, and the
-        # last reading that had counted them all (none with variants: their apps share Ray's export).
+        # The engines' timing histograms: requests sent to each engine since it started, and the last
+        # reading that had counted them all (none with variants: their apps share Ray's export).
         self.engine_timing = not self.variants
         self.sent: dict[str, int] = {}
         self.totals: dict[str, Totals | None] = {}
@@ -184,7 +204,7 @@ class Bench:
                 self.wait_ready(s)
         live = [t for t in self.targets if t.server in servers]
         for t in live:
-            self.procs[t.name] = t.server.processes(t.route)
+            self.procs[t.name] = t.processes()
         self.warm_up(live)
         return time.monotonic() - t0
 
@@ -216,8 +236,11 @@ class Bench:
             for _ in results_as_completed([self.client(t.name) for t in live]):
                 pass
         for t in live:
-            self.sent[t.name] = n * len({c.workload.name for c in self.cells})
-            self.totals[t.name] = self.settled_totals(t)
+            self.sent[t.engine] = 0
+        for t in live:
+            self.sent[t.engine] += n * len({c.workload.name for c in self.cells})
+        for t in live:
+            self.totals[t.engine] = self.settled_totals(t)
 
     def settled_totals(self, t: Target) -> Totals | None:
         """The engine's histograms once they count every request sent (Ray exports a replica's on an
@@ -228,12 +251,12 @@ class Bench:
         while True:
             try:
                 totals = t.server.engine_totals()
-                if finished(totals) >= self.sent[t.name]:
+                if finished(totals) >= self.sent[t.engine]:
                     return totals
             except Exception as e:  # noqa: BLE001 - the timing is extra evidence; the cell still counts
                 error = f"{type(e).__name__}: {e}"
             else:
-                error = f"{finished(totals):.0f} of {self.sent[t.name]} requests counted"
+                error = f"{finished(totals):.0f} of {self.sent[t.engine]} requests counted"
             if time.monotonic() > deadline:
                 self.run.notes.append(f"{t.name}: engine timing not read ({error})")
                 return None
@@ -241,9 +264,9 @@ class Bench:
 
     def engine_medians(self, t: Target, cell: Cell) -> dict[str, float | None]:
         """The engine's median timings over the cell just measured on `t` (empty when not read)."""
-        self.sent[t.name] += cell.num_prompts
-        before, after = self.totals.get(t.name), self.settled_totals(t)
-        self.totals[t.name] = after
+        self.sent[t.engine] += cell.num_prompts
+        before, after = self.totals.get(t.engine), self.settled_totals(t)
+        self.totals[t.engine] = after
         return cell_medians_ms(before, after) if before is not None and after is not None else {}
 
     # ---- measuring ------------------------------------------------------------------------------------
@@ -472,6 +495,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="NAME:ENV=VALUE,... a headroom app with that replica env",
     )
     p.add_argument(
+        "--direct",
+        action="store_true",
+        help=f"also load headroom's replica on its own HTTP port, skipping HAProxy ('{HEADROOM_DIRECT}')",
+    )
+    p.add_argument(
         "--bare-flags",
         choices=["same", "vllm-defaults"],
         default="same",
@@ -487,6 +515,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--concurrent needs --gpus with two GPUs: servers that share a device would slow each other")
     if args.share_gpu and (len(args.gpus or []) != 1 or args.swap_gpus):
         p.error("--share-gpu needs --gpus with one GPU, and no --swap-gpus")
+    if args.direct and (args.concurrent or (len(args.gpus or []) == 1 and not args.share_gpu)):
+        p.error(
+            "--direct loads headroom's one engine through two doors in turn: not with --concurrent, and "
+            "on one GPU only with --share-gpu"
+        )
     if args.variant and len(args.gpus or []) == 1:
         p.error("--variant needs a GPU of its own for each app, or the CPU build (no --gpus)")
     return args

@@ -18,6 +18,7 @@ from typing import Any
 
 BARE = "vllm"
 HEADROOM = "headroom"
+HEADROOM_DIRECT = "headroom-direct"  # headroom's replica on its own port: HAProxy skipped
 VLLM_BENCH = "vllm-bench"
 OUR_CLIENT = "ours"
 

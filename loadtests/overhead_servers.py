@@ -34,6 +34,11 @@ import psutil
 from loadtests.engine_timing import Totals, histogram_totals
 
 INGRESS_TITLES = ("ray::ProxyActor", "ray::HAProxyManager")
+# Where Ray Serve's direct ingress gives each replica its own HTTP port (Ray's defaults, overridable there).
+DIRECT_HTTP_PORTS = range(
+    int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "30000")),
+    int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", "31000")),
+)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -211,18 +216,36 @@ class HeadroomServer(Server):
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def processes(self, route: str = "") -> ServerProcesses:
-        """The replica of the app at `route` ("" = the default app) with the cluster's ingress, and the
-        replica's engine. HAProxy and the Serve proxies serve every app of the cluster."""
+    def _replicas(self, route: str) -> list[psutil.Process]:
         assert self.proc is not None
         app = app_name_for(route)
-        tree = descendants(self.proc.pid)
-        replicas = [p for p in tree if _title(p).startswith(f"ray::ServeReplica:{app}:")]
+        return [p for p in descendants(self.proc.pid) if _title(p).startswith(f"ray::ServeReplica:{app}:")]
+
+    def processes(self, route: str = "", with_ingress: bool = True) -> ServerProcesses:
+        """The replica of the app at `route` ("" = the default app) with the cluster's ingress (unless
+        not asked for), and the replica's engine. HAProxy and the Serve proxies serve every app."""
+        assert self.proc is not None
+        replicas = self._replicas(route)
         ingress = [
-            p for p in tree if "haproxy" in _title(p).split(" ")[0] or _title(p).startswith(INGRESS_TITLES)
+            p
+            for p in descendants(self.proc.pid)
+            if "haproxy" in _title(p).split(" ")[0] or _title(p).startswith(INGRESS_TITLES)
         ]
         engine = [child for r in replicas for child in r.children(recursive=True)]
-        return ServerProcesses(frontend=replicas + ingress, engine=engine)
+        return ServerProcesses(frontend=replicas + (ingress if with_ingress else []), engine=engine)
+
+    def replica_url(self, route: str = "") -> str:
+        """The HTTP address of the (one) replica of the app at `route` itself: the port Serve's direct
+        ingress gave it, which HAProxy forwards to; a client there skips HAProxy."""
+        ports = sorted(
+            c.laddr.port
+            for r in self._replicas(route)
+            for c in r.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in DIRECT_HTTP_PORTS
+        )
+        if len(ports) != 1:
+            raise RuntimeError(f"expected one replica HTTP port in {DIRECT_HTTP_PORTS}, found {ports}")
+        return f"http://127.0.0.1:{ports[0]}{route}"
 
 
 APP_NAME = "headroom"

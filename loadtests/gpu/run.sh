@@ -96,7 +96,7 @@ case "$phase" in
       "${layout[@]}" --rounds "${ROUNDS:-3}" \
       --workloads ${WORKLOADS:-random-1024 short shared-prefix} --concurrency ${CONCURRENCY:-1 64 128 256} \
       --num-prompts "${PROMPTS:-1:10,64:128,128:256,256:512}" --ours-at ${OURS_AT-1} \
-      --budget-s "${OVERHEAD_BUDGET_S:-530}" --out "$work" > "$work/overhead.log" 2>&1 || true
+      --budget-s "${OVERHEAD_BUDGET_S:-530}" ${OVERHEAD_ARGS:-} --out "$work" > "$work/overhead.log" 2>&1 || true
     tail -80 "$work/report.md" 2>/dev/null || tail -40 "$work/overhead.log"
     ;;
   defaults)

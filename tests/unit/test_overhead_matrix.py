@@ -311,6 +311,8 @@ def test_bench_command_line_defaults_and_refusals(capsys):
         (["--share-gpu"], "--share-gpu needs --gpus with one GPU"),
         (["--gpus", "0", "--share-gpu", "--swap-gpus"], "and no --swap-gpus"),
         (["--bare-flags", "defaults"], "invalid choice"),
+        (["--gpus", "0", "1", "--concurrent", "--direct"], "--direct loads headroom's one engine"),
+        (["--gpus", "0", "--direct"], "on one GPU only with --share-gpu"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             parse_args(argv)
