@@ -46,6 +46,7 @@ from autoscale.experiment import (
     Deployment,
     PolicySpec,
     Task,
+    beats_rival,
     cost_limit,
     default_jobs,
     load_deployment,
@@ -56,6 +57,7 @@ from autoscale.experiment import (
 )
 from autoscale.ray_default import RayKnobs
 from autoscale.report import FRONTIER, plot_trace, write_report
+from autoscale.reuse import check_reused, identity, reusable, static_identity
 from autoscale.scenarios import JUDGING_SEEDS, PRODUCTION_FORMAT, SYNTHETIC_KINDS, TraceSpec
 
 __all__ = ["Check", "check_targets", "main"]
@@ -106,16 +108,10 @@ def policies(dep: Deployment, tuning: Mapping[str, Any]) -> dict[str, PolicySpec
     return out
 
 
-def _run(dep: Deployment, tuning: Mapping[str, Any], specs: list[TraceSpec], jobs: int) -> dict[str, Any]:
-    started = time.perf_counter()
-
-    def progress(i: int, n: int) -> None:
-        if i % 10 == 0 or i == n:
-            print(f"  {i}/{n} runs, {time.perf_counter() - started:.0f} s", flush=True)
-
-    print(f"static 99% fleets for {len(specs)} traces", flush=True)
-    statics = run_tasks(smallest_static, specs, dep, jobs, progress)
-    pols = policies(dep, tuning)
+def tasks_of(
+    dep: Deployment, tuning: Mapping[str, Any], specs: list[TraceSpec], statics: list[dict[str, Any]]
+) -> list[Task]:
+    """Every policy run of the benchmark, given the static fleets of ``specs``."""
     tasks = [
         Task(
             sp,
@@ -124,11 +120,10 @@ def _run(dep: Deployment, tuning: Mapping[str, Any], specs: list[TraceSpec], job
             keep_timeline=sp.seed == TIMELINE_SEED and name in ("headroom", "ray-tuned"),
             client_retries=0 if name == NEVER_RETRY else None,
         )
-        for name, pol in pols.items()
+        for name, pol in policies(dep, tuning).items()
         for sp, st in zip(specs, statics, strict=True)
         if name in ("headroom", "ray-tuned") or sp.seed in SEED_VARIANT_SEEDS
     ]
-    described = {k: _describe(v) for k, v in pols.items()}
     for sp, st in zip(specs, statics, strict=True):
         if sp.kind != "step":
             continue
@@ -137,13 +132,48 @@ def _run(dep: Deployment, tuning: Mapping[str, Any], specs: list[TraceSpec], job
             *((f"step oracle, {k} short before the step", n - k) for k in ORACLE_SHORT),
             ("step oracle, the start fleet before the step", start),
         ]:
-            described[name] = {"kind": "step_oracle"}
             tasks.append(Task(sp, PolicySpec("step_oracle", name, replicas=n, before=before), start))
-    print(f"{len(tasks)} policy runs", flush=True)
-    runs = run_tasks(run_task, tasks, dep, jobs, progress)
+    return tasks
+
+
+def _run(
+    dep: Deployment,
+    tuning: Mapping[str, Any],
+    specs: list[TraceSpec],
+    jobs: int,
+    earlier: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    started = time.perf_counter()
+
+    def progress(i: int, n: int) -> None:
+        if i % 10 == 0 or i == n:
+            print(f"  {i}/{n} runs, {time.perf_counter() - started:.0f} s", flush=True)
+
+    reused = reusable(earlier, dep, specs, tasks_of)
+    old_statics = [reused[0].get(static_identity(sp, dep)) for sp in specs]
+    todo = [sp for sp, old in zip(specs, old_statics, strict=True) if old is None]
+    print(f"static 99% fleets for {len(todo)} traces ({len(specs) - len(todo)} reused)", flush=True)
+    fresh = iter(run_tasks(smallest_static, todo, dep, jobs, progress))
+    statics = [dict(old) if old is not None else next(fresh) for old in old_statics]
+    tasks = tasks_of(dep, tuning, specs, statics)
+    checked = check_reused(reused, tasks, specs, dep)
+    keep = [None if t.keep_timeline else reused[1].get(identity(t, dep)) for t in tasks]
+    todo_tasks = [t for t, old in zip(tasks, keep, strict=True) if old is None]
+    print(f"{len(todo_tasks)} policy runs ({len(tasks) - len(todo_tasks)} reused)", flush=True)
+    fresh = iter(run_tasks(run_task, todo_tasks, dep, jobs, progress))
+    runs = [dict(old) if old is not None else next(fresh) for old in keep]
+    described = {k: _describe(v) for k, v in policies(dep, tuning).items()}
+    described.update(
+        {t.policy.name: {"kind": "step_oracle"} for t in tasks if t.policy.kind == "step_oracle"}
+    )
     for st in statics:
         st["policy"] = "static-99"
-    return {"static": statics, "runs": runs, "policies": described}
+    reuse_note = {
+        "statics": len(specs) - len(todo),
+        "runs": len(tasks) - len(todo_tasks),
+        "checked_again": checked,
+    }
+    return {"static": statics, "runs": runs, "policies": described, "reused": reuse_note}
 
 
 def _describe(p: PolicySpec) -> dict[str, Any]:
@@ -198,7 +228,7 @@ def check_targets(summary: Mapping[str, Mapping[str, Any]]) -> list[Check]:
             f" <= {limit}x" if limit else " (no target: peak/mean < 1.5)"
         )
         checks.append(Check(kind, name, None if limit is None else ratio <= limit, detail))
-        beats = att >= ray["attainment"] and ours["replica_hours"] <= ray["replica_hours"]
+        beats = beats_rival(ours, ray)
         checks.append(
             Check(
                 kind,
@@ -228,6 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="results/autoscale")
     ap.add_argument("--jobs", type=int, default=default_jobs())
     ap.add_argument("--seeds", type=int, default=len(JUDGING_SEEDS), help="judging seeds to use (from 101)")
+    ap.add_argument(
+        "--reuse", help="an earlier results.json: its runs with the same inputs are not run again (reuse.py)"
+    )
     args = ap.parse_args(argv)
     started = time.perf_counter()
     out = Path(args.out)
@@ -236,20 +269,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     tuning = json.loads(Path(args.tuning).read_text())
     seeds = JUDGING_SEEDS[: args.seeds]
     specs = [TraceSpec(k, s) for k in (*SYNTHETIC_KINDS, PRODUCTION_FORMAT) for s in seeds]
-    raw = _run(dep, tuning, specs, args.jobs)
+    earlier = json.loads(Path(args.reuse).read_text()) if args.reuse else None
+    raw = _run(dep, tuning, specs, args.jobs, earlier)
     summary = summarize(raw)
     checks = check_targets(summary)
     for kind in summary:
         plot_trace(
             kind, [r for r in raw["runs"] if r["trace"] == kind and "timeline" in r], out / f"{kind}.png"
         )
-    command = f"python -m autoscale.bench --out {args.out} --seeds {args.seeds}"
+    command = f"python -m autoscale.bench --out {args.out} --seeds {args.seeds}" + (
+        f" --reuse {args.reuse}" if args.reuse else ""
+    )
     payload = {
         "command": command,
         "deployment": dep.source,
         "calibration": dep.calibration,
         "judged_settings": dep.settings.model_dump(mode="json"),
-        "tuning": {k: tuning[k] for k in ("command", "chosen", "ranked")},
+        "tuning": {k: tuning[k] for k in ("command", "chosen", "ranked", "ray_from", "rival") if k in tuning},
         "judging_seeds": list(seeds),
         "summary": summary,
         "checks": [asdict(c) for c in checks],
@@ -257,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": [{k: v for k, v in r.items() if k != "timeline"} for r in raw["runs"]],
         "static": raw["static"],
         "policies": raw["policies"],
+        "reused": {"from": args.reuse, **raw["reused"]} if args.reuse else None,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")

@@ -44,7 +44,16 @@ from autoscale.sim import (
 )
 from autoscale.workload import RequestTrace
 
-__all__ = ["Deployment", "PolicySpec", "Task", "load_deployment", "run_tasks", "smallest_static"]
+__all__ = [
+    "Deployment",
+    "PolicySpec",
+    "Task",
+    "beats_rival",
+    "deployment_from",
+    "load_deployment",
+    "run_tasks",
+    "smallest_static",
+]
 
 ATTAINMENT_TARGET = 0.99
 PEAKY = 1.5
@@ -58,6 +67,12 @@ def cost_limit(kind: str, peak_to_mean: float) -> float | None:
     if kind == "constant":
         return 1.05
     return 0.85 if peak_to_mean >= PEAKY else None
+
+
+def beats_rival(ours: Mapping[str, Any], rival: Mapping[str, Any]) -> bool:
+    """The benchmark's comparison with Ray's tuned default, on :func:`pooled` rows of one trace kind: at
+    least as many requests under the target at no more replica-hours."""
+    return bool(ours["attainment"] >= rival["attainment"] and ours["replica_hours"] <= rival["replica_hours"])
 
 
 DEFAULT_DEPLOYMENT = Path("results/autoscale/deployment.json")
@@ -93,7 +108,11 @@ def load_deployment(
 ) -> Deployment:
     """The deployment as configured, except that max_replicas is what its plan fits on the cluster it was
     planned for (the traces peak beyond configs/prod.yaml's bound of 8 replicas)."""
-    data = json.loads(Path(path).read_text())
+    return deployment_from(json.loads(Path(path).read_text()), calibration)
+
+
+def deployment_from(data: Mapping[str, Any], calibration: str | Path = DEFAULT_CALIBRATION) -> Deployment:
+    """:func:`load_deployment` from the file's contents (e.g. the ``deployment`` of a results.json)."""
     settings = AutoscalingSettings(**data["autoscaling"])
     settings = settings.model_copy(
         update={"max_replicas": max(settings.max_replicas, data["replicas_that_fit"])}

@@ -59,6 +59,23 @@ def _traces(summary: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _command(payload: Mapping[str, Any]) -> str:
+    if payload.get("reused"):
+        after = "after `make bench-autoscale`'s first step, which writes deployment.json"
+        return f"`{payload['command']}` ({after})"
+    return f"`make bench-autoscale` (`{payload['command']}`)"
+
+
+def _reused(reused: Mapping[str, Any] | None) -> list[str]:
+    if not reused:
+        return []
+    return [
+        f"Reused from `{reused['from']}`, whose runs with the same inputs were not run again "
+        f"(autoscale/reuse.py): {reused['statics']} static fleet searches and {reused['runs']} policy runs; "
+        f"run again and identical: {'; '.join(reused['checked_again']) or 'none'}."
+    ]
+
+
 def _tuning(tuning: Mapping[str, Any]) -> list[str]:
     """The chosen configuration of each family and the best attainment any of its configurations reached."""
     lines = [
@@ -67,15 +84,27 @@ def _tuning(tuning: Mapping[str, Any]) -> list[str]:
         f"`{tuning['command']}`: {len(tuning['ranked']['headroom'])} headroom and "
         f"{len(tuning['ranked']['ray'])} Ray configurations, one objective for both (the benchmark's targets "
         "met on the tuning traces, then the share of requests under the TTFT target, then mean replica-hours "
-        "against the static 99% fleet).",
+        "against the static 99% fleet)"
+        + (
+            "; headroom's targets include the comparison with Ray's chosen configuration on the same runs."
+            if "rival" in tuning
+            else "."
+        ),
         "",
     ]
+    if tuning.get("ray_from"):
+        lines[-1:-1] = [
+            "",
+            f"Ray's ranking is the one `{tuning['ray_from']['path']}` recorded for the same grid before this "
+            "tuning overwrote it (its chosen configuration was run again and scored the same).",
+        ]
     for family, rows in tuning["ranked"].items():
         kinds = rows[0]["attainment"]
         best = {k: max(r["attainment"][k] for r in rows) for k in kinds}
         chosen = rows[0]
         lines.append(
-            f"- {family}: chosen `{chosen['settings']}`: attainment {chosen['attainment']}, cost ratio "
+            f"- {family}: chosen `{chosen['settings']}` ({chosen['targets_met']} targets met): attainment "
+            f"{chosen['attainment']}, cost ratio "
             f"{chosen['cost_ratio']}; the best any {family} configuration reached: {best}"
         )
     return [*lines, ""]
@@ -185,8 +214,9 @@ def write_report(payload: Mapping[str, Any], path: Path) -> None:
         "",
         verdict,
         "",
-        f"Command: `make bench-autoscale` (`{payload['command']}`), {payload['wall_s']:.0f} s. Judging seeds "
+        f"Command: {_command(payload)}, {payload['wall_s']:.0f} s. Judging seeds "
         f"{payload['judging_seeds'][0]}-{payload['judging_seeds'][-1]}; nothing here was tuned on them.",
+        *_reused(payload.get("reused")),
         "",
         f"Judged: headroom's policy as `{' + '.join(dep['configs'])}` ships it (`{dep['command']}`): TTFT "
         f"target {dep['ttft_target_ms']:.0f} ms, replica start-up "
