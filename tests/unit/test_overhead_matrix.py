@@ -172,7 +172,7 @@ def test_aggregate_keeps_cells_and_clients_apart_and_sorted():
     assert [r["comparison"][HEADROOM]["ttft_p50_delta_ms"]["median"] for r in rows] == [2.0, 1.0, 1.0]
 
 
-def test_targets_judge_the_lowest_and_next_concurrencies():
+def test_targets_judge_concurrency_1_and_the_next_two():
     ms = [m(BARE, 0, 40.0, 100.0, c=1), m(HEADROOM, 0, 42.5, 100.0, c=1)]  # +2.5 ms: met
     ms += [m(BARE, 0, 700.0, 3300.0, c=64), m(HEADROOM, 0, 760.0, 3200.0, c=64)]  # 97%, TTFT +8.6%
     ms += [m(BARE, 0, 900.0, 3400.0, c=128), m(HEADROOM, 0, 900.0, 3390.0, c=128)]  # 99.7%
@@ -182,6 +182,15 @@ def test_targets_judge_the_lowest_and_next_concurrencies():
         "random-1024: TTFT p50 added at c=1 <= 3 ms": True,
         "random-1024: throughput at c=64 >= 98% of bare": False,
         "random-1024: throughput at c=128 >= 98% of bare": True,
+        "random-1024: TTFT p50 at c=64 within 5% of bare": False,
+    }
+
+
+def test_a_matrix_without_concurrency_1_gets_no_added_ms_target():
+    # The 3 ms target is for c=1; a run of c=64 alone is judged on throughput and the TTFT ratio.
+    ms = [m(BARE, 0, 800.0, 3180.0, c=64), m(HEADROOM, 0, 880.0, 3120.0, c=64)]  # 98.1%, TTFT +10%
+    assert targets(aggregate(ms, [BARE, HEADROOM])) == {
+        "random-1024: throughput at c=64 >= 98% of bare": True,
         "random-1024: TTFT p50 at c=64 within 5% of bare": False,
     }
 
