@@ -160,7 +160,7 @@ def targets(
 ) -> dict[str, bool | None]:
     """Per workload, against bare vLLM with the same flags: TTFT p50 added at concurrency 1 <= 3 ms; output
     throughput >= 98% of bare at the two lowest concurrencies above 1; TTFT p50 within 5% at the lowest of
-    them (GPU: 64 and 128; the CPU build's matrix is scaled down). A matrix without c=1 has no added-ms target.
+    them (GPU: 64 and 128; the CPU build's matrix is scaled down). Without c=1 there is no added-ms target.
     Against bare vLLM with its own defaults, the issue's target is output throughput >= 98% of bare at
     every concurrency; latencies are reported beside it, not judged. None: not measured."""
     if against_vllm_defaults:
