@@ -305,15 +305,14 @@ def markdown(report: dict) -> str:
             "## Overload: 2 replicas of max_num_seqs 4, 8 clients then 32 (ms: p50 / p99, n)",
             "",
             "| queue_fraction | TTFT at 8 | TTFT admitted at 32 | refusal, client | refusal, replica "
-            "| /health |",
-            "|---|---|---|---|---|---|",
+            "| /health | client loop lag at 8 | at 32 |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         keys = ("ttft at safe concurrency", "ttft admitted at 4x", "refusal, client", "refusal, replica")
         for row in report["overload"]:
             cells = [f"{row[k].get('p50', 0):.0f} / {row[k].get('p99', 0):.0f}, {row[k]['n']}" for k in keys]
-            cells.append(
-                f"{row['health, client'].get('p50', 0):.0f} / {row['health, client'].get('p99', 0):.0f}"
-            )
+            for k in ("health, client", "client loop lag at safe concurrency", "client loop lag at 4x"):
+                cells.append(f"{row.get(k, {}).get('p50', 0):.0f} / {row.get(k, {}).get('p99', 0):.0f}")
             lines.append(f"| {row['queue_fraction']} | " + " | ".join(cells) + " |")
         lines += [
             "",
