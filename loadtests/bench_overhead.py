@@ -511,6 +511,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-timeout-s", type=float, default=900)
     p.add_argument("--out", type=Path, default=Path("results/bench_overhead"))
     args = p.parse_args(argv)
+    _check_layout(p, args)
+    return args
+
+
+def _check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.concurrent and len(args.gpus or []) < 2:
         p.error("--concurrent needs --gpus with two GPUs: servers that share a device would slow each other")
     if args.share_gpu and (len(args.gpus or []) != 1 or args.swap_gpus):
@@ -522,7 +527,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.variant and len(args.gpus or []) == 1:
         p.error("--variant needs a GPU of its own for each app, or the CPU build (no --gpus)")
-    return args
 
 
 def matrix(args: argparse.Namespace) -> list[Cell]:

@@ -135,6 +135,21 @@ def replica_refusal_ms(pids: set[int], route_prefix: str, since: str) -> list[fl
 LAG_PROBE_S = 0.01  # how often the drill's client checks how late its own event loop wakes up
 
 
+class LoopLag:
+    """The load generator's own event-loop lag, by phase: a client TTFT includes the time this loop took to
+    get to the response, so a tail here is the load generator's, not the server's."""
+
+    def __init__(self) -> None:
+        self.phase = "safe"
+        self.seconds: dict[str, list[float]] = {"safe": [], "4x": []}
+
+    async def run(self) -> None:
+        while True:
+            asked = time.monotonic()
+            await asyncio.sleep(LAG_PROBE_S)
+            self.seconds[self.phase].append(time.monotonic() - asked - LAG_PROBE_S)
+
+
 @dataclass
 class DrillResult:
     """An overload drill: the attempts at safe concurrency and at 4x it (warm-up left out), and a report of
@@ -162,22 +177,12 @@ async def overload_drill(
     every 5 s during the overload (e.g. to sample memory); /health is probed every 100 ms meanwhile."""
     url = f"{base_url}/v1/completions"
     await closed_loop(url, model, headers, safe, warmup_s)
-    # The load generator's own event-loop lag, by phase: a client TTFT includes the time this loop took to
-    # get to the response, so a tail here is the load generator's, not the server's.
-    lag_s: dict[str, list[float]] = {"safe": [], "4x": []}
-    phase = ["safe"]
-
-    async def loop_lag() -> None:
-        while True:
-            asked = time.monotonic()
-            await asyncio.sleep(LAG_PROBE_S)
-            lag_s[phase[0]].append(time.monotonic() - asked - LAG_PROBE_S)
-
-    lag_task = asyncio.create_task(loop_lag())
+    lag = LoopLag()
+    lag_task = asyncio.create_task(lag.run())
     start = time.monotonic()
     baseline = await closed_loop(url, model, headers, safe, baseline_s, ramp_s=1)
     baseline = [o for o in baseline if o.started_s > start + 2]
-    phase[0] = "4x"
+    lag.phase = "4x"
     health_s: list[float] = []
 
     async def sample() -> None:
@@ -211,7 +216,7 @@ async def overload_drill(
             [v / 1000 for v in replica_refusal_ms(replica_pids, route_prefix, since)]
         ),
         "health, client": stats_ms(health_s[int(warmup_s * 10) :]),
-        "client loop lag at safe concurrency": stats_ms(lag_s["safe"]),
-        "client loop lag at 4x": stats_ms(lag_s["4x"][int(warmup_s / LAG_PROBE_S) :]),
+        "client loop lag at safe concurrency": stats_ms(lag.seconds["safe"]),
+        "client loop lag at 4x": stats_ms(lag.seconds["4x"][int(warmup_s / LAG_PROBE_S) :]),
     }
     return DrillResult(baseline, every, report)
