@@ -469,15 +469,22 @@ def direction_stats(events: list[ScaleEvent], window_s: float = 600.0) -> tuple[
 
 
 def _timeline(
-    trace: RequestTrace, ttft: np.ndarray, provisioned: list[int], ready: list[int], bin_s: float
+    trace: RequestTrace,
+    ttft: np.ndarray,
+    ok: np.ndarray,
+    provisioned: list[int],
+    ready: list[int],
+    bin_s: float,
 ) -> dict[str, Any]:
     nb = max(1, math.ceil(trace.duration_s / bin_s))
     bins = np.minimum((trace.arrival_s // bin_s).astype(np.int64), nb - 1)
     p95 = [float(np.percentile(ttft[bins == b], 95.0)) if np.any(bins == b) else math.nan for b in range(nb)]
+    missed = np.bincount(bins[~ok], minlength=nb)
     return {
         "bin_s": bin_s,
         "rate_rps": trace.rate_per_bin(bin_s).tolist(),
         "ttft_p95_ms": p95,
+        "missed": missed.tolist(),  # arrivals of each bin that missed the target (late, failed, unserved)
         "provisioned": provisioned,
         "ready": ready,
     }
@@ -583,6 +590,6 @@ def _result(
         direction_changes=changes,
         max_direction_changes_per_10min=worst,
         events=events,
-        timeline=_timeline(trace, shown, provisioned, ready, 30.0) if keep_timeline else None,
+        timeline=_timeline(trace, shown, ok, provisioned, ready, 30.0) if keep_timeline else None,
         codes=dict(getattr(policy, "codes", {})),
     )
