@@ -216,19 +216,21 @@ class HeadroomServer(Server):
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def _replicas(self, route: str) -> list[psutil.Process]:
+    def _replicas(self, route: str, tree: list[psutil.Process] | None = None) -> list[psutil.Process]:
         assert self.proc is not None
         app = app_name_for(route)
-        return [p for p in descendants(self.proc.pid) if _title(p).startswith(f"ray::ServeReplica:{app}:")]
+        tree = descendants(self.proc.pid) if tree is None else tree
+        return [p for p in tree if _title(p).startswith(f"ray::ServeReplica:{app}:")]
 
     def processes(self, route: str = "", with_ingress: bool = True) -> ServerProcesses:
         """The replica of the app at `route` ("" = the default app) with the cluster's ingress (unless
         not asked for), and the replica's engine. HAProxy and the Serve proxies serve every app."""
         assert self.proc is not None
-        replicas = self._replicas(route)
+        tree = descendants(self.proc.pid)
+        replicas = self._replicas(route, tree)
         ingress = [
             p
-            for p in descendants(self.proc.pid)
+            for p in tree
             if "haproxy" in _title(p).split(" ")[0] or _title(p).startswith(INGRESS_TITLES)
         ]
         engine = [child for r in replicas for child in r.children(recursive=True)]
