@@ -229,9 +229,7 @@ class HeadroomServer(Server):
         tree = descendants(self.proc.pid)
         replicas = self._replicas(route, tree)
         ingress = [
-            p
-            for p in tree
-            if "haproxy" in _title(p).split(" ")[0] or _title(p).startswith(INGRESS_TITLES)
+            p for p in tree if "haproxy" in _title(p).split(" ")[0] or _title(p).startswith(INGRESS_TITLES)
         ]
         engine = [child for r in replicas for child in r.children(recursive=True)]
         return ServerProcesses(frontend=replicas + (ingress if with_ingress else []), engine=engine)
