@@ -49,6 +49,7 @@ from loadtests.overhead_matrix import (
     HEADROOM_DIRECT,
     OUR_CLIENT,
     VLLM_BENCH,
+    VLLM_BENCH_OPEN,
     WARMUP_SEED,
     aggregate,
     cell_seed,
@@ -56,6 +57,7 @@ from loadtests.overhead_matrix import (
     identity_flags,
     next_round,
     parse_counts,
+    parse_rates,
     prompt_count,
     targets,
 )
@@ -138,7 +140,7 @@ class Bench:
     """Servers, client processes and the measurements of one run (the diagnostic uses it too).
 
     args: config source (env/config), out, variant, gpus, concurrent, start_timeout_s, warmup_prompts,
-    rounds, budget_s, ours_at, swap_gpus, share_gpu."""
+    rounds, budget_s, ours_at, open_loop, swap_gpus, share_gpu."""
 
     def __init__(self, args: argparse.Namespace, cells: list[Cell]):
         self.args = args
@@ -272,17 +274,20 @@ class Bench:
     # ---- measuring ------------------------------------------------------------------------------------
 
     def job(self, t: Target, cell: Cell, client: str, round_index: int) -> dict[str, Any]:
-        seed = cell_seed(cell.workload.name, cell.concurrency, round_index)
+        seed = cell_seed(cell.workload.name, cell.concurrency, round_index, client)
         w, c, n = cell.workload, cell.concurrency, cell.num_prompts
         if client == OUR_CLIENT:
             return {"client": client, "base_url": t.base_url, "model": self.cfg.served_model_name,
                     "workload": asdict(w), "concurrency": c, "num_prompts": n, "seed": seed}  # fmt: skip
-        name = f"{t.name}-{w.name}-c{c}-r{round_index}.json"
+        rate = self.args.open_loop[c] if client == VLLM_BENCH_OPEN else None
+        loop = f"-open{rate:g}" if rate is not None else ""
+        name = f"{t.name}-{w.name}-c{c}{loop}-r{round_index}.json"
         argv = vllm_bench.bench_args(
-            t.base_url, self.cfg.served_model_name, self.tokenizer, w, c, n, seed, str(self.raw), name
+            t.base_url, self.cfg.served_model_name, self.tokenizer, w, c, n, seed, str(self.raw), name, rate
         )
-        self.run.commands.setdefault(f"{t.name} {w.name} c={c}", "vllm bench serve " + shlex.join(argv))
-        return {"client": client, "argv": argv}
+        where = f"{t.name} {w.name} c={c}" + (f" open loop {rate:g}/s" if rate is not None else "")
+        self.run.commands.setdefault(where, "vllm bench serve " + shlex.join(argv))
+        return {"client": VLLM_BENCH, "argv": argv}
 
     def record(
         self, t: Target, cell: Cell, client: str, r: int, result: dict, cpu_s: dict[str, float]
@@ -318,6 +323,8 @@ class Bench:
         for i, cell in enumerate(self.cells):
             order = live if (r + i) % 2 == 0 else live[::-1]
             clients = [VLLM_BENCH]
+            if cell.concurrency in self.args.open_loop:
+                clients.append(VLLM_BENCH_OPEN)
             if cell.concurrency in (self.args.ours_at or []):
                 clients.append(OUR_CLIENT)
             for client in clients:
@@ -402,6 +409,7 @@ class Bench:
             "serve_env": dict(SERVE_CLUSTER_ENV),
             "workloads": {c.workload.name: asdict(c.workload) for c in self.cells},
             "prompts": {f"{c.workload.name} c={c.concurrency}": c.num_prompts for c in self.cells},
+            "open_loop_rates": self.args.open_loop,
             "rounds_planned": self.args.rounds,
             "rounds_done": self.run.rounds_done,
             "budget_s": self.args.budget_s,
@@ -478,6 +486,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--ours-at", type=int, nargs="*", default=[1], help="concurrencies where our client runs too"
     )
+    p.add_argument(
+        "--open-loop",
+        type=_rates,
+        default={},
+        help="C:RATE,...: beside the closed loop at concurrency C, an open loop of the same prompt count "
+        "(Poisson arrivals at RATE requests/s, at most C in flight; the same arrivals for every server)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="alternations per server")
     p.add_argument("--warmup-prompts", type=int, default=8)
     p.add_argument(
@@ -513,6 +528,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     _check_layout(p, args)
     return args
+
+
+def _rates(text: str) -> dict[int, float]:
+    try:
+        return parse_rates(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -20,6 +20,9 @@ BARE = "vllm"
 HEADROOM = "headroom"
 HEADROOM_DIRECT = "headroom-direct"  # headroom's replica on its own port: HAProxy skipped
 VLLM_BENCH = "vllm-bench"
+# `vllm bench serve` in an open loop: Poisson arrivals at a fixed rate, the same schedule for every server,
+# so a server's own latency cannot feed back into when the next requests arrive (as it does in a closed loop).
+VLLM_BENCH_OPEN = "vllm-bench-open"
 OUR_CLIENT = "ours"
 
 
@@ -34,6 +37,21 @@ def parse_counts(text: str) -> dict[int, int]:
     return counts
 
 
+def parse_rates(text: str) -> dict[int, float]:
+    """'64:20' -> {64: 20.0} (an open-loop run at 20 requests/s beside the closed loop at concurrency 64)."""
+    rates = {}
+    for item in filter(None, text.split(",")):
+        c, sep, r = item.partition(":")
+        try:
+            rate = float(r)
+        except ValueError:
+            rate = 0.0
+        if not sep or not c.strip().isdigit() or rate <= 0:
+            raise ValueError(f"open-loop rates {text!r}: {item!r} is not CONCURRENCY:REQUESTS_PER_S (> 0)")
+        rates[int(c)] = rate
+    return rates
+
+
 def prompt_count(concurrency: int, counts: Mapping[int, int], waves: int, min_prompts: int) -> int:
     """Prompts for one cell: the explicit count if given, else `waves` full batches (at least min_prompts)."""
     if concurrency in counts:
@@ -41,9 +59,11 @@ def prompt_count(concurrency: int, counts: Mapping[int, int], waves: int, min_pr
     return max(min_prompts, waves * concurrency)
 
 
-def cell_seed(workload: str, concurrency: int, round_index: int) -> int:
-    """Deterministic and distinct per cell and round; the same for every server measured in that round."""
-    return zlib.crc32(f"{workload}:{concurrency}:{round_index}".encode()) % 1_000_000
+def cell_seed(workload: str, concurrency: int, round_index: int, client: str = VLLM_BENCH) -> int:
+    """Deterministic and distinct per cell, round and loop (an open-loop run must not find the closed
+    loop's prompts in the prefix cache); the same for every server measured in that round."""
+    key = f"{workload}:{concurrency}:{round_index}" + (":open" if client == VLLM_BENCH_OPEN else "")
+    return zlib.crc32(key.encode()) % 1_000_000
 
 
 WARMUP_SEED = 999_999_999
@@ -84,6 +104,8 @@ METRICS = (
     "engine_cpu_us_per_token",
     # vLLM's own TTFT, the median over the cell from bucket counts (loadtests/engine_timing.py).
     "engine_ttft_p50_ms",
+    # How bunched the requests' starts were (loadtests/vllm_bench.py: start_gap_cv).
+    "start_gap_cv",
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from loadtests.overhead_matrix import BARE, OUR_CLIENT, VLLM_BENCH
+from loadtests.overhead_matrix import BARE, OUR_CLIENT, VLLM_BENCH, VLLM_BENCH_OPEN
 
 _SERVER_COLUMNS = (
     ("TTFT p50 ms", "ttft_p50_ms", 1),
@@ -15,6 +15,7 @@ _SERVER_COLUMNS = (
     ("output tok/s", "output_tokens_per_s", 0),
     ("frontend CPU us/token", "frontend_cpu_us_per_token", 0),
     ("engine CPU us/token", "engine_cpu_us_per_token", 0),
+    ("start gap CV", "start_gap_cv", 2),
 )
 Columns = tuple[tuple[str, str, int], ...]  # (header, metric, digits)
 
@@ -79,7 +80,11 @@ def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[st
             f"## {name}: {w['input_len']}-token prompts{prefix}, {w['output_len']} output tokens",
             "",
         ]
-        for client, title in ((VLLM_BENCH, "`vllm bench serve`"), (OUR_CLIENT, "our client")):
+        for client, title in (
+            (VLLM_BENCH, "`vllm bench serve`"),
+            (VLLM_BENCH_OPEN, "`vllm bench serve`, open loop (Poisson arrivals, the same for every server)"),
+            (OUR_CLIENT, "our client"),
+        ):
             rows = [r for r in report["results"] if r["workload"] == name and r["client"] == client]
             if not rows:
                 continue
@@ -88,7 +93,7 @@ def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[st
             lines += ["", f"{title}: against bare vLLM, paired per round (median [min, max])", ""]
             lines += _comparison_table(rows, servers)
             lines.append("")
-            if client == VLLM_BENCH and any(r[s].get("engine_ttft_p50_ms") for r in rows for s in servers):
+            if client != OUR_CLIENT and any(r[s].get("engine_ttft_p50_ms") for r in rows for s in servers):
                 lines += [
                     "The first token inside and outside the engine: the client's TTFT beside vLLM's own, "
                     "the median over each cell interpolated within vLLM's buckets as Prometheus' "

@@ -11,6 +11,7 @@ Workloads are shaped as the random dataset makes them: token counts, not words.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,9 +57,12 @@ def bench_args(
     seed: int,
     result_dir: str,
     result_filename: str,
+    request_rate: float | None = None,
 ) -> list[str]:
     """`vllm bench serve`'s arguments for one cell: closed loop at `concurrency` (all requests queued at
-    once, `concurrency` in flight), streaming completions, greedy, EOS ignored, results saved as JSON."""
+    once, `concurrency` in flight), streaming completions, greedy, EOS ignored, results saved as JSON
+    with each request's timings. With `request_rate`: open loop, Poisson arrivals at that rate (drawn from
+    the seed, so every server gets the same schedule), at most `concurrency` in flight."""
     args = [
         "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", base_url,
         "--model", model, "--tokenizer", tokenizer,
@@ -67,8 +71,11 @@ def bench_args(
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
         "--ignore-eos", "--temperature", "0", "--seed", str(seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
-        "--disable-tqdm", "--save-result", "--result-dir", result_dir, "--result-filename", result_filename,
+        "--disable-tqdm", "--save-result", "--save-detailed",
+        "--result-dir", result_dir, "--result-filename", result_filename,
     ]  # fmt: skip
+    if request_rate is not None:
+        args += ["--request-rate", f"{request_rate:g}"]
     if workload.prefix_len:
         args += ["--random-prefix-len", str(workload.prefix_len)]
     return args
@@ -89,8 +96,28 @@ VLLM_BENCH_FIELDS = {
 }
 
 
+# Per-request lists of a detailed result that are dropped from the saved file (its size: 128 numbers or a
+# text per request); each request's start, TTFT, latency and lengths stay.
+DETAIL_DROPPED = ("itls", "generated_texts")
+
+
 def from_result(result: Mapping[str, Any]) -> dict[str, Any]:
-    return {ours: result.get(theirs) for ours, theirs in VLLM_BENCH_FIELDS.items()}
+    return {ours: result.get(theirs) for ours, theirs in VLLM_BENCH_FIELDS.items()} | {
+        "start_gap_cv": start_gap_cv(result.get("start_times") or [], result.get("max_concurrency"))
+    }
+
+
+def start_gap_cv(start_times: list[float], concurrency: int | None) -> float | None:
+    """How bunched the requests' starts were: the coefficient of variation of the gaps between successive
+    starts, after the first `concurrency` (sent at once in a closed loop). About 1 for Poisson arrivals;
+    above it, starts come in waves (a closed loop whose requests finish together sends the next ones
+    together); below it, evenly spread. None with fewer than three gaps."""
+    starts = sorted(start_times)[concurrency or 0 :]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    if len(gaps) < 3:
+        return None
+    mean = statistics.fmean(gaps)
+    return statistics.pstdev(gaps) / mean if mean > 0 else None
 
 
 def run(argv: list[str]) -> dict[str, Any]:
@@ -102,4 +129,9 @@ def run(argv: list[str]) -> dict[str, Any]:
     add_cli_args(parser)
     args = parser.parse_args(argv)
     main(args)
-    return json.loads((Path(args.result_dir) / args.result_filename).read_text())
+    path = Path(args.result_dir) / args.result_filename
+    result = json.loads(path.read_text())
+    if any(k in result for k in DETAIL_DROPPED):
+        result = {k: v for k, v in result.items() if k not in DETAIL_DROPPED}
+        path.write_text(json.dumps(result))
+    return result

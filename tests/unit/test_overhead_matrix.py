@@ -14,12 +14,14 @@ from loadtests.overhead_matrix import (
     HEADROOM,
     OUR_CLIENT,
     VLLM_BENCH,
+    VLLM_BENCH_OPEN,
     aggregate,
     cell_seed,
     cpu_per_token,
     identity_flags,
     next_round,
     parse_counts,
+    parse_rates,
     prompt_count,
     spread,
     targets,
@@ -57,6 +59,45 @@ def test_cell_seeds_differ_between_cells_and_rounds_and_repeat_exactly():
     assert cell_seed("short", 64, 2) == cell_seed("short", 64, 2)
 
 
+def test_parse_rates():
+    assert parse_rates("") == {} and parse_rates("64:20,128:22.5") == {64: 20.0, 128: 22.5}
+    for text in ("64", "64:", "64:0", "a:3", "64:x"):
+        with pytest.raises(ValueError, match="CONCURRENCY:REQUESTS_PER_S"):
+            parse_rates(text)
+
+
+def test_an_open_loop_run_gets_prompts_of_its_own():
+    # The same prompts as the closed loop's would be found in the prefix cache.
+    assert cell_seed("random-1024", 64, 0, VLLM_BENCH_OPEN) != cell_seed("random-1024", 64, 0)
+    assert cell_seed("random-1024", 64, 0, VLLM_BENCH) == cell_seed("random-1024", 64, 0)
+
+
+def test_start_gap_cv_tells_waves_from_poisson_and_even_starts():
+    import random
+
+    rng = random.Random(0)
+    t, poisson = 0.0, []
+    for _ in range(5000):
+        t += rng.expovariate(20.0)
+        poisson.append(t)
+    assert vllm_bench.start_gap_cv(poisson, None) == pytest.approx(1.0, abs=0.05)
+    even = [i * 0.05 for i in range(100)]
+    assert vllm_bench.start_gap_cv(even, None) == pytest.approx(0.0, abs=1e-9)
+    # 10 waves of 8 starts 1 ms apart, 0.5 s between waves: far above 1
+    waves = [w * 0.5 + i * 0.001 for w in range(10) for i in range(8)]
+    assert vllm_bench.start_gap_cv(waves, None) > 2.0
+    # the first `concurrency` starts (sent at once) are left out; too few gaps give None
+    assert vllm_bench.start_gap_cv([0.0] * 64 + even, 64) == pytest.approx(0.0, abs=1e-9)
+    assert vllm_bench.start_gap_cv([0.0, 1.0, 2.0], None) is None
+
+
+def test_bench_args_open_loop_adds_the_rate_and_nothing_else():
+    w = WORKLOADS["random-1024"]
+    closed = vllm_bench.bench_args("http://h:1", "m", "/tok", w, 64, 320, 7, "/out", "r.json")
+    opened = vllm_bench.bench_args("http://h:1", "m", "/tok", w, 64, 320, 7, "/out", "r.json", 20.0)
+    assert opened == closed + ["--request-rate", "20"]
+
+
 def test_bench_args_is_the_closed_loop_cell_vllm_would_run():
     w = WORKLOADS["random-1024"]
     args = vllm_bench.bench_args("http://h:1/app", "m", "/tok", w, 64, 320, 7, "/out", "r.json")
@@ -87,6 +128,7 @@ def test_bench_args_parse_with_vllms_own_parser():
     parsed = parser.parse_args(args)
     assert (parsed.random_prefix_len, parsed.random_input_len, parsed.max_concurrency) == (1024, 64, 4)
     assert parsed.ignore_eos and parsed.save_result and parsed.temperature == 0
+    assert parsed.save_detailed  # each request's start and TTFT (start_gap_cv)
 
 
 def test_from_result_keeps_vllms_medians_under_our_names():
@@ -94,6 +136,7 @@ def test_from_result_keeps_vllms_medians_under_our_names():
     ours = vllm_bench.from_result(result)
     assert (ours["ttft_p50_ms"], ours["tpot_p50_ms"], ours["output_tokens_per_s"]) == (40.0, 5.0, 190.0)
     assert ours["itl_p50_ms"] is None  # not in this result: None, not a guess
+    assert ours["start_gap_cv"] is None  # no per-request starts saved
 
 
 def test_with_output_len():
@@ -290,6 +333,13 @@ def test_markdown_report_has_every_cell_target_and_the_command():
     # client TTFT p50, engine TTFT p50: median [min, max] over 3 rounds
     assert "| 1 | headroom | 43.0 [42.0, 44.0] | 34.0 [33.0, 35.0] |" in text
 
+    # An open-loop run is a section of its own and is not judged by the closed loop's targets.
+    opened = [{**x, "client": VLLM_BENCH_OPEN, "ttft_p50_ms": 500.0} for x in ms]
+    rows = aggregate(ms + opened, [BARE, HEADROOM])
+    assert targets(rows) == targets(aggregate(ms, [BARE, HEADROOM]))
+    report["results"] = rows
+    assert "open loop (Poisson arrivals" in markdown(report)
+
 
 def test_identity_flags_keep_the_model_and_context_and_drop_engine_settings():
     flags = ["--model", "/m", "--served-model-name", "q", "--dtype", "auto", "--max-model-len", "8192",
@@ -322,6 +372,7 @@ def test_bench_command_line_defaults_and_refusals(capsys):
         (["--bare-flags", "defaults"], "invalid choice"),
         (["--gpus", "0", "1", "--concurrent", "--direct"], "--direct loads headroom's one engine"),
         (["--gpus", "0", "--direct"], "on one GPU only with --share-gpu"),
+        (["--open-loop", "64:fast"], "CONCURRENCY:REQUESTS_PER_S"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             parse_args(argv)
