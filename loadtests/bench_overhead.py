@@ -14,7 +14,10 @@ metric's median over rounds with its min-max, and the per-round paired compariso
   started one after another, loaded one at a time: no restart per round.
 `--variant NAME:ENV=VALUE,...` adds a headroom app whose replicas get that environment (a candidate fix,
 measured in the same run). `--direct` adds headroom's replica on its own HTTP port as a third target (the
-same replica and engine, HAProxy skipped), to place a difference in the ingress or in the replica. Around
+same replica and engine, HAProxy skipped), to place a difference in the ingress or in the replica.
+`--open-loop C:RATE` adds, beside the closed loop at concurrency C, an open loop of Poisson arrivals at RATE
+requests/s, the same for every server: a closed loop's next arrivals follow its completions, so a server's
+latency feeds back into its load; an open loop's do not. Around
 each cell the engines' own TTFT histograms are read (medians from bucket
 counts, loadtests/engine_timing.py), so a slower first token can be placed inside or outside the engine;
 not with `--variant`, whose apps share one Ray metrics export.
