@@ -15,6 +15,10 @@ metric's median over rounds with its min-max, and the per-round paired compariso
 `--variant NAME:ENV=VALUE,...` adds a headroom app whose replicas get that environment (a candidate fix,
 measured in the same run). `--direct` adds headroom's replica on its own HTTP port as a third target (the
 same replica and engine, HAProxy skipped), to place a difference in the ingress or in the replica.
+`--bare-turnaround-ms MS ...` adds bare vLLM once more per value as `vllm+MSms`: the same server, loaded by a
+client that sends each request MS ms after its slot frees (vllm_bench.wait_before_each_request), so a
+closed loop's turnaround is longer by that much and nothing else changes; set beside headroom, it tells
+whether a longer turnaround alone gives a closed loop headroom's first-token times.
 `--open-loop C:RATE` adds, beside the closed loop at concurrency C, an open loop of Poisson arrivals at RATE
 requests/s, the same for every server: a closed loop's next arrivals follow its completions, so a server's
 latency feeds back into its load; an open loop's do not. Around
@@ -102,6 +106,7 @@ class Target:
     server: Server
     route: str = ""
     direct: bool = False
+    turnaround_ms: float = 0.0  # the client's wait before each request (--bare-turnaround-ms)
 
     @property
     def base_url(self) -> str:
@@ -173,6 +178,8 @@ class Bench:
         ]
         if args.direct:
             self.targets.append(Target(HEADROOM_DIRECT, self.headroom, direct=True))
+        for ms in getattr(args, "bare_turnaround_ms", []):
+            self.targets.append(Target(f"{BARE}+{ms:g}ms", self.bare, turnaround_ms=ms))
         self.cells = cells
         self.clients: dict[str, ClientProcess] = {}
         self.procs: dict[str, ServerProcesses] = {}
@@ -289,8 +296,11 @@ class Bench:
             t.base_url, self.cfg.served_model_name, self.tokenizer, w, c, n, seed, str(self.raw), name, rate
         )
         where = f"{t.name} {w.name} c={c}" + (f" open loop {rate:g}/s" if rate is not None else "")
-        self.run.commands.setdefault(where, "vllm bench serve " + shlex.join(argv))
-        return {"client": VLLM_BENCH, "argv": argv}
+        command = "vllm bench serve " + shlex.join(argv)
+        if t.turnaround_ms:
+            command += f"  (each request sent {t.turnaround_ms:g} ms after its slot frees)"
+        self.run.commands.setdefault(where, command)
+        return {"client": VLLM_BENCH, "argv": argv, "delay_s": t.turnaround_ms / 1000}
 
     def record(
         self, t: Target, cell: Cell, client: str, r: int, result: dict, cpu_s: dict[str, float]
@@ -518,6 +528,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"also load headroom's replica on its own HTTP port, skipping HAProxy ('{HEADROOM_DIRECT}')",
     )
     p.add_argument(
+        "--bare-turnaround-ms",
+        type=_positive_ms,
+        nargs="+",
+        default=[],
+        help="also load bare vLLM with each request sent MS ms after its slot frees ('vllm+MSms')",
+    )
+    p.add_argument(
         "--bare-flags",
         choices=["same", "vllm-defaults"],
         default="same",
@@ -538,6 +555,16 @@ def _rates(text: str) -> dict[int, float]:
         return parse_rates(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _positive_ms(text: str) -> float:
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not 0 < ms <= 10_000:
+        raise argparse.ArgumentTypeError(f"{text!r}: a wait in milliseconds, above 0 and at most 10000")
+    return ms
 
 
 def _check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -68,10 +68,11 @@ async def our_cell(
 
 
 def measure(job: dict[str, Any]) -> dict[str, Any]:
-    """One cell against one server. job: `client`; for vLLM's client `argv`; for ours `base_url`, `model`,
-    `workload` (Workload's fields), `concurrency`, `num_prompts`, `seed`."""
+    """One cell against one server. job: `client`; for vLLM's client `argv` and optionally `delay_s` (its
+    wait before each request); for ours `base_url`, `model`, `workload` (Workload's fields), `concurrency`,
+    `num_prompts`, `seed`."""
     if job["client"] == VLLM_BENCH:
-        return vllm_bench.from_result(vllm_bench.run(job["argv"]))
+        return vllm_bench.from_result(vllm_bench.run(job["argv"], job.get("delay_s", 0.0)))
     w = Workload(**job["workload"])
     return asyncio.run(
         our_cell(job["base_url"], job["model"], w, job["concurrency"], job["num_prompts"], job["seed"])

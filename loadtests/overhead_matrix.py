@@ -104,8 +104,8 @@ METRICS = (
     "engine_cpu_us_per_token",
     # vLLM's own TTFT, the median over the cell from bucket counts (loadtests/engine_timing.py).
     "engine_ttft_p50_ms",
-    # How bunched the requests' starts were (loadtests/vllm_bench.py: start_gap_cv).
-    "start_gap_cv",
+    # How bunched the requests' starts were (loadtests/vllm_bench.py: starts_nearby).
+    "starts_within_50ms",
 )
 
 

@@ -10,6 +10,9 @@ Workloads are shaped as the random dataset makes them: token counts, not words.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import contextlib
 import json
 import statistics
 from collections.abc import Mapping
@@ -97,41 +100,92 @@ VLLM_BENCH_FIELDS = {
 
 
 # Per-request lists of a detailed result that are dropped from the saved file (its size: 128 numbers or a
-# text per request); each request's start, TTFT, latency and lengths stay.
+# text per request); each request's start, TTFT and lengths stay, and its latency is kept as `e2els`.
 DETAIL_DROPPED = ("itls", "generated_texts")
+
+# The window of `starts_nearby`: a few decode steps of an 8B model on an H200 (about 8 ms each), well under
+# one 8,192-token prefill step (about 190 ms), so requests sent on the same few completions count together.
+NEARBY_S = 0.05
 
 
 def from_result(result: Mapping[str, Any]) -> dict[str, Any]:
     return {ours: result.get(theirs) for ours, theirs in VLLM_BENCH_FIELDS.items()} | {
-        "start_gap_cv": start_gap_cv(result.get("start_times") or [], result.get("max_concurrency"))
+        "starts_within_50ms": starts_nearby(result.get("start_times") or [], result.get("max_concurrency"))
     }
 
 
-def start_gap_cv(start_times: list[float], concurrency: int | None) -> float | None:
-    """How bunched the requests' starts were: the coefficient of variation of the gaps between successive
-    starts, after the first `concurrency` (sent at once in a closed loop). About 1 for Poisson arrivals;
-    above it, starts come in waves (a closed loop whose requests finish together sends the next ones
-    together); below it, evenly spread. None with fewer than three gaps."""
+def starts_nearby(
+    start_times: list[float], concurrency: int | None, window_s: float = NEARBY_S
+) -> float | None:
+    """How bunched the requests' starts were: the median, over requests, of how many other requests
+    started within `window_s` either side of it, leaving out the first `concurrency` (sent at once in a
+    closed loop). Poisson arrivals at 20/s give about 2. A closed loop whose requests finish in the same few
+    engine steps sends the next ones together: up to concurrency - 1. None with fewer than two starts.
+
+    Not the spread of the gaps between starts: a loop whose cycles come in groups (a few requests in one
+    decode step, the next a prefill step later) has gaps as uneven as one whose whole cycle starts at once,
+    and the two serve very different first-token times."""
     starts = sorted(start_times)[concurrency or 0 :]
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    if len(gaps) < 3:
+    if len(starts) < 2:
         return None
-    mean = statistics.fmean(gaps)
-    return statistics.pstdev(gaps) / mean if mean > 0 else None
+    counts = [
+        bisect.bisect_right(starts, s + window_s) - bisect.bisect_left(starts, s - window_s) - 1
+        for s in starts
+    ]
+    return float(statistics.median(counts))
 
 
-def run(argv: list[str]) -> dict[str, Any]:
-    """Runs `vllm bench serve ARGV` in this process and returns its saved result (argv must save one)."""
+def with_latencies(result: dict[str, Any]) -> dict[str, Any]:
+    """The result with each request's end-to-end latency (`e2els`, seconds: its TTFT plus its inter-token
+    gaps), computed before `itls` is dropped, so that a request's end can be paired with the next start."""
+    ttfts, itls = result.get("ttfts"), result.get("itls")
+    if ttfts is None or itls is None or "e2els" in result:
+        return result
+    return result | {"e2els": [t + sum(gaps) for t, gaps in zip(ttfts, itls, strict=True)]}
+
+
+def wait_before_each_request(delay_s: float):
+    """A context in which `vllm bench serve` waits `delay_s` before sending each request, inside its
+    concurrency slot: a closed loop whose turnaround (a request's end to the next one's start at the server)
+    is longer by that much, the rest of the path unchanged. TTFT is still timed from the send."""
+    from vllm.benchmarks import serve
+
+    funcs = serve.ASYNC_REQUEST_FUNCS
+    saved = dict(funcs)
+
+    def delayed(func):
+        async def request_after_delay(*args, **kwargs):
+            await asyncio.sleep(delay_s)
+            return await func(*args, **kwargs)
+
+        return request_after_delay
+
+    @contextlib.contextmanager
+    def patched():
+        funcs.update({name: delayed(func) for name, func in saved.items()})
+        try:
+            yield
+        finally:
+            funcs.clear()
+            funcs.update(saved)
+
+    return patched() if delay_s > 0 else contextlib.nullcontext()
+
+
+def run(argv: list[str], delay_s: float = 0.0) -> dict[str, Any]:
+    """Runs `vllm bench serve ARGV` in this process and returns its saved result (argv must save one);
+    with `delay_s`, each request is sent that much after its slot frees (wait_before_each_request)."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     args = parser.parse_args(argv)
-    main(args)
+    with wait_before_each_request(delay_s):
+        main(args)
     path = Path(args.result_dir) / args.result_filename
     result = json.loads(path.read_text())
     if any(k in result for k in DETAIL_DROPPED):
-        result = {k: v for k, v in result.items() if k not in DETAIL_DROPPED}
+        result = {k: v for k, v in with_latencies(result).items() if k not in DETAIL_DROPPED}
         path.write_text(json.dumps(result))
     return result

@@ -72,7 +72,7 @@ def test_an_open_loop_run_gets_prompts_of_its_own():
     assert cell_seed("random-1024", 64, 0, VLLM_BENCH) == cell_seed("random-1024", 64, 0)
 
 
-def test_start_gap_cv_tells_waves_from_poisson_and_even_starts():
+def test_starts_nearby_tells_a_whole_cycle_at_once_from_groups_and_poisson():
     import random
 
     rng = random.Random(0)
@@ -80,15 +80,58 @@ def test_start_gap_cv_tells_waves_from_poisson_and_even_starts():
     for _ in range(5000):
         t += rng.expovariate(20.0)
         poisson.append(t)
-    assert vllm_bench.start_gap_cv(poisson, None) == pytest.approx(1.0, abs=0.05)
-    even = [i * 0.05 for i in range(100)]
-    assert vllm_bench.start_gap_cv(even, None) == pytest.approx(0.0, abs=1e-9)
-    # 10 waves of 8 starts 1 ms apart, 0.5 s between waves: far above 1
-    waves = [w * 0.5 + i * 0.001 for w in range(10) for i in range(8)]
-    assert vllm_bench.start_gap_cv(waves, None) > 2.0
-    # the first `concurrency` starts (sent at once) are left out; too few gaps give None
-    assert vllm_bench.start_gap_cv([0.0] * 64 + even, 64) == pytest.approx(0.0, abs=1e-9)
-    assert vllm_bench.start_gap_cv([0.0, 1.0, 2.0], None) is None
+    # 20/s over a 100 ms window: about 2 others
+    assert vllm_bench.starts_nearby(poisson, None) == pytest.approx(2.0, abs=1.0)
+    # 10 cycles of 64 starts within 64 ms, 2.5 s apart: nearly the whole cycle is near each start
+    whole = [c * 2.5 + i * 0.001 for c in range(10) for i in range(64)]
+    assert vllm_bench.starts_nearby(whole, None) >= 45
+    # the same cycles as 8 groups of 8, a 190 ms prefill step apart: only the group and its neighbours'
+    # edges; the spread of the gaps could not tell these two apart
+    groups = [c * 2.5 + g * 0.19 + i * 0.001 for c in range(10) for g in range(8) for i in range(8)]
+    assert vllm_bench.starts_nearby(groups, None) == 7
+    # the first `concurrency` starts (sent at once) are left out; one start gives None
+    assert vllm_bench.starts_nearby([0.0] * 64 + groups, 64) == 7
+    assert vllm_bench.starts_nearby([0.0, 1.0], 1) is None
+
+
+def test_with_latencies_keeps_each_requests_end_to_end_time_before_its_gaps_are_dropped():
+    result = {"ttfts": [0.1, 0.2], "itls": [[0.01, 0.02], []], "start_times": [5.0, 6.0]}
+    assert vllm_bench.with_latencies(result)["e2els"] == pytest.approx([0.13, 0.2])
+    assert "e2els" not in vllm_bench.with_latencies({"ttfts": [0.1]})  # no gaps saved: nothing made up
+
+
+def test_wait_before_each_request_delays_every_request_function_and_restores_them():
+    import asyncio
+    import time
+
+    from vllm.benchmarks import serve
+
+    original = dict(serve.ASYNC_REQUEST_FUNCS)
+    with vllm_bench.wait_before_each_request(0.05):
+        delayed = serve.ASYNC_REQUEST_FUNCS["openai"]
+        assert delayed is not original["openai"]
+
+    async def timed():
+        calls = []
+
+        async def fake(**kwargs):
+            calls.append(time.perf_counter())
+            return kwargs
+
+        serve.ASYNC_REQUEST_FUNCS["fake"] = fake
+        try:
+            with vllm_bench.wait_before_each_request(0.05):
+                wrapped = serve.ASYNC_REQUEST_FUNCS["fake"]
+            started = time.perf_counter()
+            assert await wrapped(request_func_input="x") == {"request_func_input": "x"}
+            return calls[0] - started
+        finally:
+            del serve.ASYNC_REQUEST_FUNCS["fake"]
+
+    assert asyncio.run(timed()) >= 0.045
+    assert original == serve.ASYNC_REQUEST_FUNCS  # restored on leaving
+    with vllm_bench.wait_before_each_request(0.0):
+        assert original == serve.ASYNC_REQUEST_FUNCS  # no wait: untouched
 
 
 def test_bench_args_open_loop_adds_the_rate_and_nothing_else():
@@ -128,7 +171,7 @@ def test_bench_args_parse_with_vllms_own_parser():
     parsed = parser.parse_args(args)
     assert (parsed.random_prefix_len, parsed.random_input_len, parsed.max_concurrency) == (1024, 64, 4)
     assert parsed.ignore_eos and parsed.save_result and parsed.temperature == 0
-    assert parsed.save_detailed  # each request's start and TTFT (start_gap_cv)
+    assert parsed.save_detailed  # each request's start and TTFT (starts_nearby)
 
 
 def test_from_result_keeps_vllms_medians_under_our_names():
@@ -136,7 +179,7 @@ def test_from_result_keeps_vllms_medians_under_our_names():
     ours = vllm_bench.from_result(result)
     assert (ours["ttft_p50_ms"], ours["tpot_p50_ms"], ours["output_tokens_per_s"]) == (40.0, 5.0, 190.0)
     assert ours["itl_p50_ms"] is None  # not in this result: None, not a guess
-    assert ours["start_gap_cv"] is None  # no per-request starts saved
+    assert ours["starts_within_50ms"] is None  # no per-request starts saved
 
 
 def test_with_output_len():
@@ -354,11 +397,13 @@ def test_bench_command_line_defaults_and_refusals(capsys):
     from loadtests.bench_overhead import matrix, parse_args
 
     args = parse_args(["--env", "local", "--concurrency", "1", "8", "--num-prompts", "1:10", "--waves", "3"])
-    assert (args.bare_flags, args.rounds, args.workloads) == (
+    assert (args.bare_flags, args.rounds, args.workloads, args.bare_turnaround_ms) == (
         "same",
         3,
         ["random-1024", "short", "shared-prefix"],
+        [],
     )
+    assert parse_args(["--bare-turnaround-ms", "10", "32.5"]).bare_turnaround_ms == [10.0, 32.5]
     cells = matrix(args)
     assert [(c.workload.name, c.concurrency, c.num_prompts) for c in cells[:2]] == [
         ("random-1024", 1, 10),
@@ -373,6 +418,8 @@ def test_bench_command_line_defaults_and_refusals(capsys):
         (["--gpus", "0", "1", "--concurrent", "--direct"], "--direct loads headroom's one engine"),
         (["--gpus", "0", "--direct"], "on one GPU only with --share-gpu"),
         (["--open-loop", "64:fast"], "CONCURRENCY:REQUESTS_PER_S"),
+        (["--bare-turnaround-ms", "0"], "a wait in milliseconds, above 0 and at most 10000"),
+        (["--bare-turnaround-ms", "ten"], "a wait in milliseconds"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             parse_args(argv)
