@@ -29,14 +29,15 @@ SHOWN = (
 def per_request_ms(name: str, thread: str, rps: float) -> tuple[float, dict[str, float]]:
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in gzip.open(HERE / name, "rt"):
-        stack, _, count = line.rstrip().rpartition(" ")
-        frames = stack.split(";")
-        if thread not in frames[0]:
-            continue
-        total += int(count)
-        for frame in {f.split(" (")[0] for f in frames[1:]}:
-            inclusive[frame] += int(count)
+    with gzip.open(HERE / name, "rt") as profile:
+        for line in profile:
+            stack, _, count = line.rstrip().rpartition(" ")
+            frames = stack.split(";")
+            if thread not in frames[0]:
+                continue
+            total += int(count)
+            for frame in {f.split(" (")[0] for f in frames[1:]}:
+                inclusive[frame] += int(count)
     scale = 1000 / RATE_HZ / (rps * SECONDS)
     return total * scale, {f: c * scale for f, c in inclusive.items()}
 
@@ -46,4 +47,5 @@ if __name__ == "__main__":
     print("ms per request      " + "  ".join(f"{s:>9}" for s in rows))
     print("event loop, busy    " + "  ".join(f"{t:9.2f}" for t, _ in rows.values()))
     for frame in SHOWN:
-        print(f"{frame[:19]:<19} " + "  ".join(f"{frames.get(frame, 0.0):9.3f}" for _, frames in rows.values()))
+        cells = "  ".join(f"{frames.get(frame, 0.0):9.3f}" for _, frames in rows.values())
+        print(f"{frame[:19]:<19} {cells}")
