@@ -178,7 +178,7 @@ class Bench:
         ]
         if args.direct:
             self.targets.append(Target(HEADROOM_DIRECT, self.headroom, direct=True))
-        for ms in getattr(args, "bare_turnaround_ms", []):
+        for ms in args.bare_turnaround_ms:
             self.targets.append(Target(f"{BARE}+{ms:g}ms", self.bare, turnaround_ms=ms))
         self.cells = cells
         self.clients: dict[str, ClientProcess] = {}

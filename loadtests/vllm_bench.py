@@ -144,10 +144,14 @@ def with_latencies(result: dict[str, Any]) -> dict[str, Any]:
     return result | {"e2els": [t + sum(gaps) for t, gaps in zip(ttfts, itls, strict=True)]}
 
 
+@contextlib.contextmanager
 def wait_before_each_request(delay_s: float):
     """A context in which `vllm bench serve` waits `delay_s` before sending each request, inside its
     concurrency slot: a closed loop whose turnaround (a request's end to the next one's start at the server)
     is longer by that much, the rest of the path unchanged. TTFT is still timed from the send."""
+    if delay_s <= 0:
+        yield
+        return
     from vllm.benchmarks import serve
 
     funcs = serve.ASYNC_REQUEST_FUNCS
@@ -160,16 +164,12 @@ def wait_before_each_request(delay_s: float):
 
         return request_after_delay
 
-    @contextlib.contextmanager
-    def patched():
-        funcs.update({name: delayed(func) for name, func in saved.items()})
-        try:
-            yield
-        finally:
-            funcs.clear()
-            funcs.update(saved)
-
-    return patched() if delay_s > 0 else contextlib.nullcontext()
+    funcs.update({name: delayed(func) for name, func in saved.items()})
+    try:
+        yield
+    finally:
+        funcs.clear()
+        funcs.update(saved)
 
 
 def run(argv: list[str], delay_s: float = 0.0) -> dict[str, Any]:
