@@ -1,10 +1,14 @@
 """What one histogram observation costs through Ray's metrics (vLLM's RayPrometheusStatLogger, which
-headroom's replicas use) against prometheus_client (vLLM's PrometheusStatLogger, which `vllm serve` uses).
+headroom's replicas use) against prometheus_client (vLLM's PrometheusStatLogger, which `vllm serve` uses),
+and where Ray's cost is.
 
-vLLM's stat logger observes its inter-token-latency histogram once per generated token, in the engine client's
-event loop: in a headroom replica that is the replica process, which also serves the HTTP side. Both metric
-kinds are measured in one Ray worker, alternating, with vLLM's own buckets and labels; the report gives the
-median [min, max] microseconds per observation over the repeats and their per-repeat ratio.
+vLLM's stat logger observes its inter-token-latency histogram once per generated token, in the engine
+client's event loop: in a headroom replica that is the replica process, which also serves the HTTP side.
+Besides the two loggers' histograms, Ray's own recorder (the Cython object under `ray.util.metrics.Histogram`,
+private API, called here only to measure) is timed with the same three tags resolved once, and with none:
+what no change above Ray's recorder could save. All kinds run in one Ray worker, in rotating order, with
+vLLM's own buckets and labels; the report gives the median [min, max] microseconds per observation over the
+repeats and per-repeat ratios.
 
     python -m loadtests.bench_stat_logger --out results/stat_logger     (make bench-stat-logger)
 """
@@ -25,23 +29,40 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0]  # fmt: skip
 
 
+class _RayRecorder:
+    """Ray's recorder under a ray.util.metrics Histogram, called with fixed tags (no merge, no checks)."""
+
+    def __init__(self, histogram, tags: dict[str, str]):
+        self._record = histogram._metric.record
+        self._tags = tags
+
+    def observe(self, value: float) -> None:
+        self._record(value, tags=self._tags)
+
+
 def measure(observations: int, repeats: int) -> dict[str, list[float]]:
     """Microseconds per observation of each kind, one value per repeat (runs in a Ray worker)."""
     import prometheus_client
+    from ray.util.metrics import Histogram
     from vllm.v1.metrics.ray_wrappers import RayHistogramWrapper
 
     labels = ["model_name", "engine"]
+    ray_hist = RayHistogramWrapper(
+        "vllm:bench_itl_seconds", "bench", labelnames=labels, buckets=ITL_BUCKETS
+    ).labels("m", "0")
+    untagged = Histogram("bench_itl_untagged_seconds", "bench", boundaries=ITL_BUCKETS)
     kinds = {
-        "ray": RayHistogramWrapper(
-            "vllm:bench_itl_seconds", "bench", labelnames=labels, buckets=ITL_BUCKETS
-        ).labels("m", "0"),
+        "ray": ray_hist,
+        "ray_recorder_3_tags": _RayRecorder(ray_hist.metric, dict(ray_hist._tags)),
+        "ray_recorder_no_tags": _RayRecorder(untagged, {}),
         "prometheus_client": prometheus_client.Histogram(
             "bench_itl_seconds", "bench", labels, buckets=ITL_BUCKETS
         ).labels("m", "0"),
     }
+    names = list(kinds)
     out: dict[str, list[float]] = {k: [] for k in kinds}
     for r in range(repeats):
-        for name in list(kinds) if r % 2 == 0 else list(kinds)[::-1]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # each kind first in turn
             h = kinds[name]
             t0 = time.perf_counter()
             for _ in range(observations):
@@ -58,14 +79,18 @@ def report(per_repeat: dict[str, list[float]], args: argparse.Namespace) -> dict
     import ray
     import vllm
 
-    ratios = [a / b for a, b in zip(per_repeat["ray"], per_repeat["prometheus_client"], strict=True)]
+    def paired(a: str, b: str) -> dict[str, float]:
+        return spread([x / y for x, y in zip(per_repeat[a], per_repeat[b], strict=True)])
+
     return {
         "machine": describe(),
         "versions": {"vllm": vllm.__version__, "ray": ray.__version__},
         "observations_per_repeat": args.observations,
         "repeats": args.repeats,
         "us_per_observation": {k: spread(v) for k, v in per_repeat.items()},
-        "ratio_ray_to_prometheus_client": spread(ratios),
+        "ratio_ray_to_prometheus_client": paired("ray", "prometheus_client"),
+        "ratio_recorder_3_tags_to_ray": paired("ray_recorder_3_tags", "ray"),
+        "ratio_recorder_3_tags_to_prometheus_client": paired("ray_recorder_3_tags", "prometheus_client"),
         "per_repeat": per_repeat,
         "command": f"python -m loadtests.bench_stat_logger --observations {args.observations} "
         f"--repeats {args.repeats} --out {args.out}",
@@ -82,13 +107,26 @@ def markdown(r: dict[str, Any]) -> str:
             "# One histogram observation: Ray's metrics against prometheus_client",
             "",
             f"Machine: {r['machine']}. vLLM {r['versions']['vllm']}, Ray {r['versions']['ray']}. "
-            f"{r['repeats']} repeats of {r['observations_per_repeat']:,} observations each, alternating.",
+            f"{r['repeats']} repeats of {r['observations_per_repeat']:,} observations each, the kinds in "
+            "rotating order, in one Ray worker.",
             "",
             "| metric kind | us per observation, median [min, max] |",
             "|---|---:|",
-            f"| Ray (vLLM's RayHistogramWrapper: headroom replicas) | {fmt(us['ray'])} |",
+            f"| Ray: vLLM's RayHistogramWrapper (headroom replicas) | {fmt(us['ray'])} |",
+            f"| Ray's recorder alone, the same 3 tags resolved once | {fmt(us['ray_recorder_3_tags'])} |",
+            f"| Ray's recorder alone, no tags | {fmt(us['ray_recorder_no_tags'])} |",
             f"| prometheus_client (`vllm serve`) | {fmt(us['prometheus_client'])} |",
-            f"| ratio, paired per repeat | {fmt(r['ratio_ray_to_prometheus_client'])} |",
+            "",
+            "| ratio, paired per repeat | median [min, max] |",
+            "|---|---:|",
+            f"| RayHistogramWrapper / prometheus_client | {fmt(r['ratio_ray_to_prometheus_client'])} |",
+            f"| Ray's recorder, 3 tags / RayHistogramWrapper | {fmt(r['ratio_recorder_3_tags_to_ray'])} |",
+            "| Ray's recorder, 3 tags / prometheus_client | "
+            f"{fmt(r['ratio_recorder_3_tags_to_prometheus_client'])} |",
+            "",
+            "Ray's recorder alone, with the tags vLLM gives it, takes "
+            f"{r['ratio_recorder_3_tags_to_ray']['median']:.0%} of the time of a whole observation: that "
+            "share is below anything headroom or vLLM could change in Python.",
             "",
             f"Command: `{r['command']}`",
             "",
