@@ -34,6 +34,13 @@ class Outcome:
     error: str = ""  # a transport error or an error event; for a refusal not in JSON, its body
 
     @property
+    def closed_unanswered(self) -> bool:
+        """HAProxy closed a kept-alive connection with no response, its sign that the request went out on a
+        pooled connection the replica closed as it exited: the client is to send it again (OpenAI's clients
+        do, by default)."""
+        return self.status == 0 and "without sending a response" in self.error
+
+    @property
     def completed(self) -> bool:
         return self.status == 200 and self.tokens == self.max_tokens and not self.error
 
@@ -83,7 +90,7 @@ async def closed_loop(
 ) -> list[Outcome]:
     """`users` clients, each sending its next stream when the last ends, for duration_s; client u starts
     u * ramp_s / users in. A refused client waits Retry-After first; with retries > 0, a refused request is
-    sent again (the same request, the same `Outcome.request`)."""
+    sent again (the same request, the same `Outcome.request`), as is one HAProxy closed unanswered."""
     outcomes: list[Outcome] = []
     texts = prompts(users * 4000, words=12)
     limits = httpx.Limits(max_connections=users, max_keepalive_connections=users)
@@ -99,9 +106,9 @@ async def closed_loop(
                 for _ in range(retries + 1):
                     out = await one_stream(client, url, model, prompt, max_tokens, (u, i))
                     outcomes.append(out)
-                    if out.retry_after is None:
+                    if out.retry_after is None and not out.closed_unanswered:
                         break
-                    await asyncio.sleep(float(out.retry_after))
+                    await asyncio.sleep(float(out.retry_after or 0.5))  # 0.5 s: OpenAI's first retry
 
         await asyncio.gather(*(user(u) for u in range(users)))
     return outcomes
