@@ -140,8 +140,8 @@ def test_an_engine_killed_under_load_fails_only_its_requests_in_flight_and_is_re
     retried = [a for a in attempts.values() if len(a) > 1]
     print(
         f"\nfailure drill: {len(attempts)} requests; replica exited {exited_at[0] - killed_at:.2f} s after "
-        f"its engine was killed; {len(failed)} failed, {len(retried)} were refused (503 + Retry-After) "
-        f"and sent again, {len(sent_after)} were sent after the replica exited"
+        f"its engine was killed; {len(failed)} failed, {len(retried)} were refused (503 + Retry-After) or "
+        f"closed unanswered and sent again, {len(sent_after)} were sent after the replica exited"
     )
     for a in failed + retried:
         print("  ", [(round(o.started_s - killed_at, 3), o.status, o.tokens, o.error[:80]) for o in a])
