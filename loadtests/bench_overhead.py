@@ -23,8 +23,10 @@ whether a longer turnaround alone gives a closed loop headroom's first-token tim
 requests/s, the same for every server: a closed loop's next arrivals follow its completions, so a server's
 latency feeds back into its load; an open loop's do not. Around
 each cell the engines' own TTFT histograms are read (medians from bucket
-counts, loadtests/engine_timing.py), so a slower first token can be placed inside or outside the engine;
-not with `--variant`, whose apps share one Ray metrics export.
+counts, loadtests/engine_timing.py), so a slower first token can be placed inside or outside the engine,
+and, for headroom, Ray Serve's probe of the replica's event loop (how late a sleep wakes up, sampled every
+50 ms here), which tells whether that loop is saturated; not with `--variant`, whose apps share one Ray
+metrics export.
 Results are written after every round, so a run cut short keeps what it measured: results.json,
 report.md and the raw `vllm bench serve` results under raw/.
 

@@ -102,8 +102,11 @@ METRICS = (
     "output_tokens_per_s",
     "frontend_cpu_us_per_token",
     "engine_cpu_us_per_token",
-    # vLLM's own TTFT, the median over the cell from bucket counts (loadtests/engine_timing.py).
+    # vLLM's own TTFT, the median over the cell from bucket counts (loadtests/engine_timing.py), and how late
+    # the replica's event loop woke up (Ray Serve's probe; headroom only).
     "engine_ttft_p50_ms",
+    "replica_loop_lag_p50_ms",
+    "replica_loop_lag_p99_ms",
     # How bunched the requests' starts were (loadtests/vllm_bench.py: starts_nearby).
     "starts_within_50ms",
 )

@@ -22,6 +22,8 @@ Columns = tuple[tuple[str, str, int], ...]  # (header, metric, digits)
 _ENGINE_TIMING_COLUMNS: Columns = (
     ("client TTFT p50 ms", "ttft_p50_ms", 1),
     ("engine TTFT p50 ms", "engine_ttft_p50_ms", 1),
+    ("replica loop lag p50 ms", "replica_loop_lag_p50_ms", 1),
+    ("replica loop lag p99 ms", "replica_loop_lag_p99_ms", 1),
 )
 _COMPARISON_COLUMNS = (
     ("TTFT p50 added ms", "ttft_p50_delta_ms", 1),
@@ -97,7 +99,9 @@ def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[st
                 lines += [
                     "The first token inside and outside the engine: the client's TTFT beside vLLM's own, "
                     "the median over each cell interpolated within vLLM's buckets as Prometheus' "
-                    "histogram_quantile does (median [min, max] over rounds)",
+                    "histogram_quantile does, and how late the replica's event loop woke from a sleep "
+                    "(Ray Serve's probe, 20 samples a second, idle seconds between cells included; "
+                    "`vllm serve` has none) (median [min, max] over rounds)",
                     "",
                 ]
                 lines += _server_table(rows, servers, _ENGINE_TIMING_COLUMNS)

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from loadtests.engine_timing import Totals, histogram_totals
+from loadtests.engine_timing import LOOP_PROBE_INTERVAL_S, Totals, histogram_totals
 
 INGRESS_TITLES = ("ray::ProxyActor", "ray::HAProxyManager")
 # Where Ray Serve's direct ingress gives each replica its own HTTP port (Ray's defaults, overridable there).
@@ -286,6 +286,8 @@ def _serve_headroom(args: argparse.Namespace) -> None:
     cfg = load_config_files(*args.config)
     cluster = cluster_spec(cfg, gpus_per_node=1)
     apply_cluster_env(os.environ)
+    # Serve's probe of each replica's event loop, often enough to see a cell's lag (engine_timing.py).
+    os.environ.setdefault("RAY_SERVE_EVENT_LOOP_MONITORING_INTERVAL_S", str(LOOP_PROBE_INTERVAL_S))
     # Logs stay in Ray's files (this process is not the load generator, but keeps quiet all the same).
     # address="local": a new cluster, never one that `ray start` left running on this machine.
     init_ray_driver(

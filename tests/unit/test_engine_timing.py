@@ -64,3 +64,38 @@ def test_no_request_between_readings_gives_no_median():
     same = totals(exposition("vllm:", {0.1: 10}))
     assert set(cell_medians_ms(same, same).values()) == {None}
     assert finished({}) == 0
+
+
+def loop_probe(counts: dict[float, int], proxy_counts: dict[float, int]) -> str:
+    """Ray Serve's event-loop probe as Ray exports it: the replica's main loop and a proxy's, which must not
+    count."""
+    name = "ray_serve_event_loop_scheduling_latency_ms"
+    lines = [f"# TYPE {name} histogram"]
+    for component, per_bucket in (("replica", counts), ("proxy", proxy_counts)):
+        labels = f'actor_id="a",application="headroom",component="{component}",loop_type="main"'
+        running = 0
+        for le in (1.0, 5.0, 10.0, 25.0, 50.0, math.inf):
+            running += per_bucket.get(le, 0)
+            bound = "+Inf" if math.isinf(le) else str(le)
+            lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {running}')
+        lines.append(f"{name}_count{{{labels}}} {running}")
+    return "\n".join(lines) + "\n"
+
+
+def test_replica_loop_lag_over_a_cell_from_serves_probe_replica_main_loop_only():
+    before = totals(exposition("ray_vllm_", {0.1: 10}) + loop_probe({1.0: 100}, {50.0: 7}))
+    # The cell: 50 samples under 1 ms, 40 in (1, 5], 10 in (10, 25]; the proxy's slow samples are ignored.
+    after = totals(
+        exposition("ray_vllm_", {0.1: 20}) + loop_probe({1.0: 150, 5.0: 40, 25.0: 10}, {50.0: 500})
+    )
+    lag = cell_medians_ms(before, after)
+    assert lag["replica_loop_lag_p50_ms"] == pytest.approx(1.0)  # rank 50 of 100: the top of the 1 ms bucket
+    assert lag["replica_loop_lag_p99_ms"] == pytest.approx(10 + 15 * 9 / 10)  # rank 99: 9 into the 10 there
+    assert lag["engine_ttft_p50_ms"] == pytest.approx(50.0)  # vLLM's TTFT still read beside it
+
+
+def test_no_loop_probe_gives_no_lag():
+    """`vllm serve` exports no such probe: the lag is None, not 0."""
+    text = exposition("vllm:", {0.1: 10})
+    lag = cell_medians_ms(totals(text), totals(text))
+    assert lag["replica_loop_lag_p50_ms"] is None and lag["replica_loop_lag_p99_ms"] is None
