@@ -24,9 +24,9 @@ requests/s, the same for every server: a closed loop's next arrivals follow its 
 latency feeds back into its load; an open loop's do not. Around
 each cell the engines' own TTFT histograms are read (medians from bucket
 counts, loadtests/engine_timing.py), so a slower first token can be placed inside or outside the engine,
-and, for headroom, Ray Serve's probe of the replica's event loop (how late a sleep wakes up, sampled every
-50 ms here), which tells whether that loop is saturated; not with `--variant`, whose apps share one Ray
-metrics export.
+and, for headroom, Ray Serve's probe of the replica's event loop (how late a sleep wakes up, sampled more
+often here: engine_timing.LOOP_PROBE_INTERVAL_S), which tells whether that loop is saturated; not with
+`--variant`, whose apps share one Ray metrics export.
 Results are written after every round, so a run cut short keeps what it measured: results.json,
 report.md and the raw `vllm bench serve` results under raw/.
 
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import engine_logs, vllm_bench
-from loadtests.engine_timing import Totals, cell_medians_ms, finished
+from loadtests.engine_timing import Totals, cell_quantiles_ms, finished
 from loadtests.machine import describe
 from loadtests.overhead_client import ClientProcess, results_as_completed
 from loadtests.overhead_matrix import (
@@ -281,7 +281,7 @@ class Bench:
         self.sent[t.engine] += cell.num_prompts
         before, after = self.totals.get(t.engine), self.settled_totals(t)
         self.totals[t.engine] = after
-        return cell_medians_ms(before, after) if before is not None and after is not None else {}
+        return cell_quantiles_ms(before, after) if before is not None and after is not None else {}
 
     # ---- measuring ------------------------------------------------------------------------------------
 

@@ -82,7 +82,7 @@ def quantile(q: float, buckets: Buckets) -> float | None:
     return lower
 
 
-def cell_medians_ms(before: Totals, after: Totals) -> dict[str, float | None]:
+def cell_quantiles_ms(before: Totals, after: Totals) -> dict[str, float | None]:
     """Each engine histogram's median over the requests between two readings, in ms ({name}_p50_ms), and
     the replica's event-loop lag there, median and 99th percentile (None where it was not exported)."""
 
@@ -90,13 +90,11 @@ def cell_medians_ms(before: Totals, after: Totals) -> dict[str, float | None]:
         b, a = before.get(key, {}), after.get(key, {})
         return {le: a[le] - b.get(le, 0.0) for le in a}
 
-    def scaled(value: float | None, factor: float) -> float | None:
-        return None if value is None else value * factor
-
     out: dict[str, float | None] = {}
     for key in ENGINE_HISTOGRAMS.values():
         if key != FINISHED:
-            out[f"{key}_p50_ms"] = scaled(quantile(0.5, between(key)), 1e3)
+            p50_s = quantile(0.5, between(key))
+            out[f"{key}_p50_ms"] = None if p50_s is None else p50_s * 1e3
     lag = between(LOOP_LAG)
     out[f"{LOOP_LAG}_p50_ms"], out[f"{LOOP_LAG}_p99_ms"] = quantile(0.5, lag), quantile(0.99, lag)
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from loadtests.engine_timing import LOOP_PROBE_INTERVAL_S
 from loadtests.overhead_matrix import BARE, OUR_CLIENT, VLLM_BENCH, VLLM_BENCH_OPEN
 
 _SERVER_COLUMNS = (
@@ -100,8 +101,8 @@ def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[st
                     "The first token inside and outside the engine: the client's TTFT beside vLLM's own, "
                     "the median over each cell interpolated within vLLM's buckets as Prometheus' "
                     "histogram_quantile does, and how late the replica's event loop woke from a sleep "
-                    "(Ray Serve's probe, 20 samples a second, idle seconds between cells included; "
-                    "`vllm serve` has none) (median [min, max] over rounds)",
+                    f"(Ray Serve's probe, every {LOOP_PROBE_INTERVAL_S * 1e3:g} ms, idle seconds between "
+                    "cells included; `vllm serve` has none) (median [min, max] over rounds)",
                     "",
                 ]
                 lines += _server_table(rows, servers, _ENGINE_TIMING_COLUMNS)

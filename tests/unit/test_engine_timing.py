@@ -8,7 +8,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.engine_timing import cell_medians_ms, finished, histogram_totals, quantile
+from loadtests.engine_timing import cell_quantiles_ms, finished, histogram_totals, quantile
 
 TTFT_BOUNDS = (0.1, 0.25, 0.5, 0.75, 1.0)
 
@@ -46,7 +46,7 @@ def test_cell_median_from_bucket_deltas_of_either_source(prefix):
     # The cell: 10 more under 0.1 s (the next cell's warm-up, say), 20 in (0.5, 0.75], 10 in (0.75, 1].
     after = totals(exposition(prefix, {0.1: 20, 0.75: 20, 1.0: 10}, engines=2, junk_sum=999.0))
     assert finished(before) == 10 and finished(after) == 50
-    medians = cell_medians_ms(before, after)
+    medians = cell_quantiles_ms(before, after)
     # 40 in the cell: rank 20 falls in (0.5, 0.75] after 10 below it: 0.5 + 0.25 x 10/20
     assert medians["engine_ttft_p50_ms"] == pytest.approx(625.0)
 
@@ -62,7 +62,7 @@ def test_quantile_follows_prometheus_histogram_quantile():
 
 def test_no_request_between_readings_gives_no_median():
     same = totals(exposition("vllm:", {0.1: 10}))
-    assert set(cell_medians_ms(same, same).values()) == {None}
+    assert set(cell_quantiles_ms(same, same).values()) == {None}
     assert finished({}) == 0
 
 
@@ -88,7 +88,7 @@ def test_replica_loop_lag_over_a_cell_from_serves_probe_replica_main_loop_only()
     after = totals(
         exposition("ray_vllm_", {0.1: 20}) + loop_probe({1.0: 150, 5.0: 40, 25.0: 10}, {50.0: 500})
     )
-    lag = cell_medians_ms(before, after)
+    lag = cell_quantiles_ms(before, after)
     assert lag["replica_loop_lag_p50_ms"] == pytest.approx(1.0)  # rank 50 of 100: the top of the 1 ms bucket
     assert lag["replica_loop_lag_p99_ms"] == pytest.approx(10 + 15 * 9 / 10)  # rank 99: 9 into the 10 there
     assert lag["engine_ttft_p50_ms"] == pytest.approx(50.0)  # vLLM's TTFT still read beside it
@@ -97,5 +97,5 @@ def test_replica_loop_lag_over_a_cell_from_serves_probe_replica_main_loop_only()
 def test_no_loop_probe_gives_no_lag():
     """`vllm serve` exports no such probe: the lag is None, not 0."""
     text = exposition("vllm:", {0.1: 10})
-    lag = cell_medians_ms(totals(text), totals(text))
+    lag = cell_quantiles_ms(totals(text), totals(text))
     assert lag["replica_loop_lag_p50_ms"] is None and lag["replica_loop_lag_p99_ms"] is None
