@@ -122,6 +122,12 @@ class Target:
         """The engine behind it (a direct target shares its app's): its timing counts are per engine."""
         return self.server.name + self.route
 
+    @property
+    def second_door(self) -> str:
+        """Its name where it loads an engine that another target loads too (else ''): its prompts'
+        seed (overhead_matrix.cell_seed)."""
+        return self.name if self.direct or self.turnaround_ms else ""
+
     def processes(self) -> ServerProcesses:
         if isinstance(self.server, HeadroomServer):
             return self.server.processes(self.route, with_ingress=not self.direct)
@@ -286,7 +292,7 @@ class Bench:
     # ---- measuring ------------------------------------------------------------------------------------
 
     def job(self, t: Target, cell: Cell, client: str, round_index: int) -> dict[str, Any]:
-        seed = cell_seed(cell.workload.name, cell.concurrency, round_index, client)
+        seed = cell_seed(cell.workload.name, cell.concurrency, round_index, client, t.second_door)
         w, c, n = cell.workload, cell.concurrency, cell.num_prompts
         if client == OUR_CLIENT:
             return {"client": client, "base_url": t.base_url, "model": self.cfg.served_model_name,

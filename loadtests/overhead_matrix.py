@@ -59,11 +59,15 @@ def prompt_count(concurrency: int, counts: Mapping[int, int], waves: int, min_pr
     return max(min_prompts, waves * concurrency)
 
 
-def cell_seed(workload: str, concurrency: int, round_index: int, client: str = VLLM_BENCH) -> int:
-    """Deterministic and distinct per cell, round and loop (an open-loop run must not find the closed
-    loop's prompts in the prefix cache); the same for every server measured in that round."""
+def cell_seed(
+    workload: str, concurrency: int, round_index: int, client: str = VLLM_BENCH, second_door: str = ""
+) -> int:
+    """Deterministic and distinct per cell, round and loop; the same for every engine measured in that
+    round. Prompts an engine has already served in the cell would be found in its prefix cache: an open
+    loop gets prompts of its own, and so does a `second_door`, a target that loads an engine another
+    target loads too (headroom's replica on its own port, bare vLLM with a longer turnaround)."""
     key = f"{workload}:{concurrency}:{round_index}" + (":open" if client == VLLM_BENCH_OPEN else "")
-    return zlib.crc32(key.encode()) % 1_000_000
+    return zlib.crc32((key + (f":{second_door}" if second_door else "")).encode()) % 1_000_000
 
 
 WARMUP_SEED = 999_999_999

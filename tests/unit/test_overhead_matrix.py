@@ -72,6 +72,14 @@ def test_an_open_loop_run_gets_prompts_of_its_own():
     assert cell_seed("random-1024", 64, 0, VLLM_BENCH) == cell_seed("random-1024", 64, 0)
 
 
+def test_a_second_door_to_an_engine_gets_prompts_of_its_own():
+    # headroom's replica on its own port shares headroom's engine: with the same seed, the second of the
+    # two to run found the first one's short prompts cached (seen on the H200, 2026-12-04).
+    seeds = {cell_seed("short", 64, 0, VLLM_BENCH, door) for door in ("", "headroom-direct", "vllm+10ms")}
+    assert len(seeds) == 3
+    assert cell_seed("short", 64, 0, VLLM_BENCH, "") == cell_seed("short", 64, 0)
+
+
 def test_starts_nearby_tells_a_whole_cycle_at_once_from_groups_and_poisson():
     import random
 
@@ -432,3 +440,19 @@ def test_diag_command_line_defaults_span_the_graph_ceiling():
     lengths = parse_args([]).lengths  # prompt tokens, on both sides of vLLM's 512-token graph ceiling
     below, above = [n for n in lengths if n <= 512], [n for n in lengths if n > 512]
     assert min(below) <= 64 and max(below) >= 400 and min(above) <= 640 and max(above) >= 1024
+
+
+def test_only_targets_that_share_an_engine_with_another_are_second_doors(tmp_path):
+    from loadtests.bench_overhead import HEADROOM_DIRECT, Target
+    from loadtests.overhead_servers import BareVllm, HeadroomServer
+
+    bare = BareVllm(BARE, "http://127.0.0.1:1", None, tmp_path / "v.log")
+    ours = HeadroomServer(HEADROOM, "http://127.0.0.1:2", None, tmp_path / "h.log")
+    doors = [
+        Target(BARE, bare),
+        Target(HEADROOM, ours),
+        Target("headroom-x", ours, "/x"),  # a variant: an app and engine of its own
+        Target(HEADROOM_DIRECT, ours, direct=True),
+        Target(f"{BARE}+10ms", bare, turnaround_ms=10.0),
+    ]
+    assert [t.second_door for t in doors] == ["", "", "", HEADROOM_DIRECT, f"{BARE}+10ms"]
