@@ -26,7 +26,9 @@ each cell the engines' own TTFT histograms are read (medians from bucket
 counts, loadtests/engine_timing.py), so a slower first token can be placed inside or outside the engine,
 and, for headroom, Ray Serve's probe of the replica's event loop (how late a sleep wakes up, sampled more
 often here: engine_timing.LOOP_PROBE_INTERVAL_S), which tells whether that loop is saturated; not with
-`--variant`, whose apps share one Ray metrics export.
+`--variant`, whose apps share one Ray metrics export. Each reading of headroom's waits until Ray has exported
+the cell's last requests (every 10 s by default), so `--no-engine-timing` skips them all for a faster round
+(in the 2026-12-04 GPU run a round spent 115 of its 309 s outside `vllm bench serve`'s runs).
 Results are written after every round, so a run cut short keeps what it measured: results.json,
 report.md and the raw `vllm bench serve` results under raw/.
 
@@ -193,7 +195,7 @@ class Bench:
         self.procs: dict[str, ServerProcesses] = {}
         # The engines' timing histograms: requests sent to each engine since it started, and the last
         # reading that had counted them all (none with variants: their apps share Ray's export).
-        self.engine_timing = not self.variants
+        self.engine_timing = args.engine_timing and not self.variants
         self.sent: dict[str, int] = {}
         self.totals: dict[str, Totals | None] = {}
         self.run = Run()
@@ -550,6 +552,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--budget-s", type=float, default=3600, help="no new round starts that would not end within it"
+    )
+    p.add_argument(
+        "--engine-timing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read the engines' TTFT and the replica's loop lag around each cell (waits for Ray's export)",
     )
     p.add_argument("--start-timeout-s", type=float, default=900)
     p.add_argument("--out", type=Path, default=Path("results/bench_overhead"))

@@ -536,7 +536,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     # What Bench reads and the diagnostic does not vary.
     args.variant, args.concurrent, args.warmup_prompts, args.bare_flags = [], False, 4, "same"
-    args.direct, args.bare_turnaround_ms = False, []
+    args.direct, args.bare_turnaround_ms, args.engine_timing = False, [], True
     args.share_gpu = False  # the diagnostic places its servers itself (Diagnostic.placement)
     return args
 

@@ -412,6 +412,7 @@ def test_bench_command_line_defaults_and_refusals(capsys):
         [],
     )
     assert parse_args(["--bare-turnaround-ms", "10", "32.5"]).bare_turnaround_ms == [10.0, 32.5]
+    assert args.engine_timing and not parse_args(["--no-engine-timing"]).engine_timing
     cells = matrix(args)
     assert [(c.workload.name, c.concurrency, c.num_prompts) for c in cells[:2]] == [
         ("random-1024", 1, 10),
