@@ -200,7 +200,8 @@ GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
         # Measured: torch total_memory on the lab H200 (vLLM 0.26 run, 2026-11-29) = 150,109,880,320 bytes
-        # (139.80 GiB); with it the Qwen3-8B reference point reproduces to 48 tokens in 794,704.
+        # (139.80 GiB; tests/data/memory_points/h200_qwen3_8b_bf16.json), with which tests/unit/test_memory.py
+        # reproduces that point's KV-cache tokens.
         GpuSpec(
             "H200", 150_109_880_320, 989.0, 4800.0, 450.0, fp8_dense_tflops=1979.0, allreduce_latency_us=8.0
         ),

@@ -12,8 +12,8 @@ Roofline latency model (documented assumptions, not measurements; the tuning lad
   per step; TTFT p95 = one step of waiting + the prompt's chunks, stretched by prefill queueing
   (1 + 1.5 rho / (1 - rho), rho = prefill tokens arriving per step / chunk budget).
 * speculative decoding verifies 1 + k tokens per sequence per step and accepts (1 - a^(k+1)) / (1 - a) of
-  them (a = acceptance rate): lower TPOT at light load, longer steps and so higher TTFT under load - the lab
-  measured ngram raising TTFT p50 at concurrency 64 from 209 to 625 ms on an H200. A drafter runs k passes
+  them (a = acceptance rate): lower TPOT at light load, longer steps and so higher TTFT under load (the
+  seed articles' warning about ngram). A drafter runs k passes
   per step, or one where all drafts come from one pass (``vocabulary.drafts_in_one_pass``: dflash, dspark,
   and parallel_drafting).
 

@@ -85,7 +85,8 @@ __all__ = [
 GPU_BLOCK_SIZE_TOKENS = 16
 CPU_BLOCK_SIZE_TOKENS = 128
 
-# Measured (H200, vLLM 0.26, Qwen3-0.6B and Qwen3-8B alike): "non-torch forward increase memory: 0.22GiB" -
+# Measured (H200, vLLM 0.26, Qwen3-0.6B and Qwen3-8B alike, the logs in tests/data/memory_points/h200_*.json):
+# "non-torch forward increase memory: 0.22GiB" -
 # cuBLAS/cuDNN workspaces and attention-backend buffers created during the profile run. It did not change with
 # model size, so it is a constant at TP=1.
 NON_TORCH_BYTES_TP1 = int(0.22 * GIB_BYTES)

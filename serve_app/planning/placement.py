@@ -262,9 +262,8 @@ def _speculation_warning(req: PlanRequest, chosen: TpOption) -> str:
         f"{spec.acceptance_rate:.0%}) trades TTFT for TPOT: at concurrency {conc} est. TPOT "
         f"{without.tpot_p50_ms:.1f} -> {with_spec.tpot_p50_ms:.1f} ms, TTFT p95 {without.ttft_p95_ms:.0f} "
         f"-> {with_spec.ttft_p95_ms:.0f} ms; draft weights {gib_text(chosen.memory.draft_weights_bytes)}/GPU "
-        f"and {chosen.memory.draft_kv_bytes_per_token:,} KV bytes/token. The lab measured ngram raising "
-        "TTFT p50 at concurrency 64 from 209 to 625 ms (H200, Qwen3-8B): judge TTFT and TPOT, not "
-        "throughput alone"
+        f"and {chosen.memory.draft_kv_bytes_per_token:,} KV bytes/token. Longer steps raise TTFT under load: "
+        "judge TTFT and TPOT on your own workload (`headroom ladder`), not throughput alone"
     )
 
 
