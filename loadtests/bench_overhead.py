@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import engine_logs, vllm_bench
-from loadtests.engine_timing import Totals, cell_quantiles_ms, finished
+from loadtests.engine_timing import Totals, cell_prefix_cache_hit_pct, cell_quantiles_ms, finished
 from loadtests.machine import describe
 from loadtests.overhead_client import ClientProcess, results_as_completed
 from loadtests.overhead_matrix import (
@@ -284,12 +284,18 @@ class Bench:
                 return None
             time.sleep(1)
 
-    def engine_medians(self, t: Target, cell: Cell) -> dict[str, float | None]:
-        """The engine's median timings over the cell just measured on `t` (empty when not read)."""
+    def engine_readings(self, t: Target, cell: Cell) -> dict[str, float | None]:
+        """The engine's median timings and prefix-cache hit rate over the cell just measured on `t` (empty
+        when not read)."""
         self.sent[t.engine] += cell.num_prompts
         before, after = self.totals.get(t.engine), self.settled_totals(t)
         self.totals[t.engine] = after
-        return cell_quantiles_ms(before, after) if before is not None and after is not None else {}
+        if before is None or after is None:
+            return {}
+        return {
+            **cell_quantiles_ms(before, after),
+            "prefix_cache_hit_pct": cell_prefix_cache_hit_pct(before, after),
+        }
 
     # ---- measuring ------------------------------------------------------------------------------------
 
@@ -318,7 +324,7 @@ class Bench:
         where = {"workload": cell.workload.name, "concurrency": cell.concurrency, "client": client}
         m = {**where, "server": t.name, "round": r, "gpu": t.server.gpu, "num_prompts": cell.num_prompts}
         m |= result | cpu_per_token(cpu_s, result.get("total_output_tokens") or 0)
-        m |= self.engine_medians(t, cell)
+        m |= self.engine_readings(t, cell)
         self.run.measurements.append(m)
         shown = ", ".join(f"{k} {m.get(k)}" for k in ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s"))
         print(f"round {r} {cell.workload.name} c={cell.concurrency} {client} {t.name}: {shown}", flush=True)

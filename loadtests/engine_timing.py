@@ -20,6 +20,10 @@ on the loop wakes up, sampled every `RAY_SERVE_EVENT_LOOP_MONITORING_INTERVAL_S`
 LOOP_PROBE_INTERVAL_S), in buckets of 1, 5, 10, 25, 50 ms and up. Between two readings it covers the cell and
 the seconds spent waiting for the export to settle after it, when the loop is idle; so its median leans low,
 and its 99th percentile is the figure to read. `vllm serve` has no such probe.
+
+vLLM's prefix-cache counters (`vllm:prefix_cache_queries` and `_hits`, in prompt tokens) are read the same
+way: a cell's hit rate tells a cell that found earlier prompts in the cache (another target's, on the same
+engine) from one that did not.
 """
 
 from __future__ import annotations
@@ -39,16 +43,23 @@ LOOP_LAG = "replica_loop_lag"
 LOOP_LAG_LABELS = {"component": "replica", "loop_type": "main"}
 # Serve's default is 5 s. 20 samples a second, each three Ray metric calls: about 1 ms of loop time a second.
 LOOP_PROBE_INTERVAL_S = 0.05
+# vLLM's prefix-cache counters (without prefix and `_total`), kept as a Totals entry with one +Inf "bucket".
+PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS = "prefix_cache_queries", "prefix_cache_hits"
 
 Buckets = dict[float, float]  # upper bound (le) -> cumulative count, summed over series
 Totals = dict[str, Buckets]  # our name -> its buckets
 
 
 def histogram_totals(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> Totals:
-    """The engine histograms' cumulative bucket counts from Prometheus samples (name, labels, value)."""
+    """The engine histograms' cumulative bucket counts from Prometheus samples (name, labels, value), and
+    the prefix-cache counters' totals (under +Inf)."""
     out: Totals = {}
     for name, labels, value in samples:
         base = name.removeprefix("ray_").replace(":", "_").removeprefix("vllm_")
+        counter = base.removesuffix("_total")
+        if counter in (PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS):
+            out.setdefault(counter, {})[math.inf] = out.get(counter, {}).get(math.inf, 0.0) + value
+            continue
         key = ENGINE_HISTOGRAMS.get(base.removesuffix("_bucket")) if base.endswith("_bucket") else None
         if base == f"{LOOP_LAG_HISTOGRAM}_bucket" and LOOP_LAG_LABELS.items() <= labels.items():
             key = LOOP_LAG
@@ -98,3 +109,14 @@ def cell_quantiles_ms(before: Totals, after: Totals) -> dict[str, float | None]:
     lag = between(LOOP_LAG)
     out[f"{LOOP_LAG}_p50_ms"], out[f"{LOOP_LAG}_p99_ms"] = quantile(0.5, lag), quantile(0.99, lag)
     return out
+
+
+def cell_prefix_cache_hit_pct(before: Totals, after: Totals) -> float | None:
+    """The share of prompt tokens found in the prefix cache between two readings, in percent (None where
+    no token was looked up or the counters were not exported)."""
+
+    def grown(key: str) -> float:
+        return after.get(key, {}).get(math.inf, 0.0) - before.get(key, {}).get(math.inf, 0.0)
+
+    queries = grown(PREFIX_CACHE_QUERIES)
+    return 100.0 * grown(PREFIX_CACHE_HITS) / queries if queries > 0 else None

@@ -111,6 +111,8 @@ METRICS = (
     "engine_ttft_p50_ms",
     "replica_loop_lag_p50_ms",
     "replica_loop_lag_p99_ms",
+    # vLLM's prefix-cache hits over the cell, percent of prompt tokens (engine_timing.py).
+    "prefix_cache_hit_pct",
     # How bunched the requests' starts were (loadtests/vllm_bench.py: starts_nearby).
     "starts_within_50ms",
 )

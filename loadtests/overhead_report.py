@@ -25,6 +25,7 @@ _ENGINE_TIMING_COLUMNS: Columns = (
     ("engine TTFT p50 ms", "engine_ttft_p50_ms", 1),
     ("replica loop lag p50 ms", "replica_loop_lag_p50_ms", 1),
     ("replica loop lag p99 ms", "replica_loop_lag_p99_ms", 1),
+    ("prefix-cache hits %", "prefix_cache_hit_pct", 1),
 )
 _COMPARISON_COLUMNS = (
     ("TTFT p50 added ms", "ttft_p50_delta_ms", 1),
@@ -102,7 +103,8 @@ def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[st
                     "the median over each cell interpolated within vLLM's buckets as Prometheus' "
                     "histogram_quantile does, and how late the replica's event loop woke from a sleep "
                     f"(Ray Serve's probe, every {LOOP_PROBE_INTERVAL_S * 1e3:g} ms, idle seconds between "
-                    "cells included; `vllm serve` has none) (median [min, max] over rounds)",
+                    "cells included; `vllm serve` has none), and the share of prompt tokens vLLM found in "
+                    "its prefix cache (median [min, max] over rounds)",
                     "",
                 ]
                 lines += _server_table(rows, servers, _ENGINE_TIMING_COLUMNS)

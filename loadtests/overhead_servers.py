@@ -165,7 +165,7 @@ class Server:
         raise NotImplementedError
 
     def engine_totals(self) -> Totals:
-        """The engine's timing histograms now (loadtests/engine_timing.py)."""
+        """The engine's timing histograms and prefix-cache counters now (loadtests/engine_timing.py)."""
         from prometheus_client.parser import text_string_to_metric_families
 
         text = httpx.get(self.metrics_url, timeout=10).text

@@ -8,7 +8,13 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.engine_timing import cell_quantiles_ms, finished, histogram_totals, quantile
+from loadtests.engine_timing import (
+    cell_prefix_cache_hit_pct,
+    cell_quantiles_ms,
+    finished,
+    histogram_totals,
+    quantile,
+)
 
 TTFT_BOUNDS = (0.1, 0.25, 0.5, 0.75, 1.0)
 
@@ -99,3 +105,26 @@ def test_no_loop_probe_gives_no_lag():
     text = exposition("vllm:", {0.1: 10})
     lag = cell_quantiles_ms(totals(text), totals(text))
     assert lag["replica_loop_lag_p50_ms"] is None and lag["replica_loop_lag_p99_ms"] is None
+
+
+def prefix_cache(prefix: str, queries: float, hits: float, suffix: str) -> str:
+    """vLLM's prefix-cache counters: `_total` and a `_created` timestamp from prometheus_client (`vllm
+    serve`), with or without `_total` from Ray's export; two engines' series add up."""
+    lines = []
+    for counter, value in (("prefix_cache_queries", queries), ("prefix_cache_hits", hits)):
+        lines.append(f"# TYPE {prefix}{counter} counter")
+        for engine in (0, 1):
+            lines.append(f'{prefix}{counter}{suffix}{{engine="{engine}"}} {value / 2}')
+            lines.append(f'{prefix}{counter}_created{{engine="{engine}"}} 1764806400.0')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix"), [("vllm:", "_total"), ("ray_vllm_", "_total"), ("ray_vllm_", "")]
+)
+def test_a_cells_prefix_cache_hit_rate_from_vllms_counters(prefix, suffix):
+    before = totals(exposition(prefix, {0.1: 10}) + prefix_cache(prefix, 1000, 100, suffix))
+    after = totals(exposition(prefix, {0.1: 20}) + prefix_cache(prefix, 5000, 3100, suffix))
+    assert cell_prefix_cache_hit_pct(before, after) == pytest.approx(75.0)  # 3000 of 4000 tokens
+    assert cell_prefix_cache_hit_pct(after, after) is None  # nothing looked up
+    assert finished(after) == 20  # the counters leave the histograms as they were

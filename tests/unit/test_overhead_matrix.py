@@ -377,12 +377,14 @@ def test_markdown_report_has_every_cell_target_and_the_command():
     assert "`vllm bench serve --seed 1`" in text
     assert "inside and outside the engine" not in text  # no engine timing was read
 
-    timed = [{**x, "engine_ttft_p50_ms": 30.0 + i} for i, x in enumerate(ms)]
+    timed = [
+        {**x, "engine_ttft_p50_ms": 30.0 + i, "prefix_cache_hit_pct": float(i)} for i, x in enumerate(ms)
+    ]
     report["results"] = aggregate(timed, [BARE, HEADROOM])
     text = markdown(report)
-    assert "inside and outside the engine" in text
-    # client TTFT p50, engine TTFT p50: median [min, max] over 3 rounds
-    assert "| 1 | headroom | 43.0 [42.0, 44.0] | 34.0 [33.0, 35.0] |" in text
+    assert "inside and outside the engine" in text and "| prefix-cache hits % |" in text
+    # client TTFT p50, engine TTFT p50, loop lag (none), prefix-cache hits: median [min, max] over 3 rounds
+    assert "| 1 | headroom | 43.0 [42.0, 44.0] | 34.0 [33.0, 35.0] | - | - | 4.0 [3.0, 5.0] |" in text
 
     # An open-loop run is a section of its own and is not judged by the closed loop's targets.
     opened = [{**x, "client": VLLM_BENCH_OPEN, "ttft_p50_ms": 500.0} for x in ms]
