@@ -21,14 +21,14 @@ closed loop's turnaround is longer by that much and nothing else changes; set be
 whether a longer turnaround alone gives a closed loop headroom's first-token times.
 `--open-loop C:RATE` adds, beside the closed loop at concurrency C, an open loop of Poisson arrivals at RATE
 requests/s, the same for every server: a closed loop's next arrivals follow its completions, so a server's
-latency feeds back into its load; an open loop's do not. Around
-each cell the engines' own TTFT histograms are read (medians from bucket
-counts, loadtests/engine_timing.py), so a slower first token can be placed inside or outside the engine,
-and, for headroom, Ray Serve's probe of the replica's event loop (how late a sleep wakes up, sampled more
-often here: engine_timing.LOOP_PROBE_INTERVAL_S), which tells whether that loop is saturated; not with
-`--variant`, whose apps share one Ray metrics export. Each reading of headroom's waits until Ray has exported
-the cell's last requests (every 10 s by default), so `--no-engine-timing` skips them all for a faster round
-(in the 2026-12-04 GPU run a round spent 115 of its 309 s outside `vllm bench serve`'s runs).
+latency feeds back into its load; an open loop's do not. Around each cell the engines' own TTFT histograms
+are read (medians from bucket counts, loadtests/engine_timing.py), so a slower first token can be placed
+inside or outside the engine, with each engine's prefix-cache hit rate (vLLM's counters) and, for headroom,
+Ray Serve's probe of the replica's event loop (how late a sleep wakes up, sampled more often here:
+engine_timing.LOOP_PROBE_INTERVAL_S), which tells whether that loop is saturated; not with `--variant`, whose
+apps share one Ray metrics export. Each reading of headroom's waits until Ray has exported the cell's last
+requests (every 10 s by default), so `--no-engine-timing` skips them all for a faster round (in the
+2026-12-04 GPU run a round spent 115 of its 309 s outside `vllm bench serve`'s runs).
 Results are written after every round, so a run cut short keeps what it measured: results.json,
 report.md and the raw `vllm bench serve` results under raw/.
 
@@ -563,7 +563,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--engine-timing",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="read the engines' TTFT and the replica's loop lag around each cell (waits for Ray's export)",
+        help="read the engines' TTFT and prefix-cache hits and the replica's loop lag around each cell "
+        "(headroom's wait for Ray's export)",
     )
     p.add_argument("--start-timeout-s", type=float, default=900)
     p.add_argument("--out", type=Path, default=Path("results/bench_overhead"))
