@@ -57,6 +57,8 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 HEA
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 out=${OUT:-results/gpu}
 work=/root/gpu-results/$name
+# A fresh directory per call: a second call on the same machine must not pack the first one's logs.
+rm -rf "$work"
 mkdir -p "$work" "$out"
 nvidia-smi > "$work/nvidia-smi.txt" 2>&1 || true
 config=(configs/base.yaml loadtests/gpu/qwen3-8b.yaml)
