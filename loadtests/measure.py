@@ -6,14 +6,16 @@ the ladder and the rollout's smoke gate) and the asyncio streaming client behind
 linear interpolation): loadtests/raw_stats.py, the streaming client, the ladder.
 
 Definitions, as `vllm bench serve` defines them (vllm/benchmarks/serve.py):
-- TTFT: from just before the request is sent to the first streamed chunk that carries generated text
-  (content; for chat also reasoning or tool-call deltas). vLLM's first chat chunk, the role with empty
-  content, does not count.
+- TTFT: from just before the request is sent to the first streamed chunk that carries generated output.
+  Completions: any chunk with a choice, whose text may be empty (a token that decodes to no text: vLLM
+  sends a chunk per step's tokens, and `vllm bench serve` counts it). Chat: a delta with content, reasoning
+  or tool calls; vLLM's first chat chunk, the role with empty content, does not count (`vllm bench serve`
+  counts it).
 - e2e: from the same start to the end of the stream (`data: [DONE]`, or the body's end).
 - output tokens: `usage.completion_tokens` of the server's final chunk (`stream_options.include_usage`);
-  a server that sends no usage falls back to the number of chunks with text (`tokens_from: "chunks"`).
+  a server that sends no usage falls back to the number of chunks with output (`tokens_from: "chunks"`).
 - TPOT: (e2e - TTFT) / (output tokens - 1), for requests with at least 2 output tokens.
-- ITL: gaps between consecutive chunks with text, per request their mean and max. With speculative
+- ITL: gaps between consecutive chunks with output, per request their mean and max. With speculative
   decoding one chunk can carry several tokens, so gaps can exceed TPOT.
 
 Pure: the caller reads the stream and passes each line with its own clock's reading, so the definitions
@@ -31,7 +33,7 @@ import numpy as np
 
 Api = Literal["chat", "completions"]
 API_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-EMPTY_RESPONSE = "empty response: no chunk with generated text"
+EMPTY_RESPONSE = "empty response: no chunk with generated output"
 # A ladder step's first seconds hold the previous step's requests still draining and the new users
 # ramping: its statistics (the Locust shape's SLO check, the ladder's report) count only requests sent
 # after them.
@@ -52,14 +54,14 @@ def tpot_s(e2e_s: float, ttft_s: float | None, output_tokens: int) -> float | No
     return (e2e_s - ttft_s) / (output_tokens - 1)
 
 
-def has_text(event: Mapping[str, Any], api: str) -> bool:
-    """Whether a streamed event carries generated text (the first such event is the first token)."""
+def carries_output(event: Mapping[str, Any], api: str) -> bool:
+    """Whether a streamed event carries generated output (the first such event is the first token)."""
     choices = event.get("choices") or []
     if not choices:
         return False
     choice = choices[0]
     if api == "completions":
-        return bool(choice.get("text"))
+        return "text" in choice
     delta = choice.get("delta") or {}
     return bool(
         delta.get("content")
@@ -126,7 +128,7 @@ class StreamMeter:
             self.stream_error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
             self.ended_at = now
             return False
-        if has_text(event, self.api):
+        if carries_output(event, self.api):
             if self.first_at is not None and self.last_at is not None:
                 gap = now - self.last_at
                 self.gaps_sum_s += gap
@@ -141,7 +143,7 @@ class StreamMeter:
 
     @property
     def error(self) -> str | None:
-        """What was wrong with the stream itself: an error event, or no generated text at all."""
+        """What was wrong with the stream itself: an error event, or no generated output at all."""
         if self.stream_error is not None:
             return self.stream_error
         return EMPTY_RESPONSE if self.first_at is None else None

@@ -62,8 +62,18 @@ def test_completions_without_usage_count_chunks():
     meter = StreamMeter("completions", sent_at=0.0)
     feed(meter, [(0.1, completion("x")), (0.2, completion("y")), (0.3, completion(""))])
     r = meter.finish(end=0.35)  # the body just closed: no [DONE]
-    assert (r.output_tokens, r.tokens_from, r.e2e_s) == (2, "chunks", pytest.approx(0.35))
-    assert r.tpot_s == pytest.approx(0.25)
+    # The empty-text chunk is a token too (one that decodes to no text), as vllm bench serve counts it.
+    assert (r.output_tokens, r.tokens_from, r.e2e_s) == (3, "chunks", pytest.approx(0.35))
+    assert r.tpot_s == pytest.approx(0.125)
+
+
+def test_a_completion_whose_tokens_decode_to_no_text_is_timed_not_failed():
+    # Seen with the embedded random-weights model: 32 tokens, every chunk's text empty.
+    meter = StreamMeter("completions", sent_at=0.0)
+    usage = "data: " + json.dumps({"choices": [], "usage": {"completion_tokens": 2, "prompt_tokens": 5}})
+    feed(meter, [(0.1, completion("")), (0.2, completion("")), (0.25, usage), (0.3, "data: [DONE]")])
+    r = meter.finish(end=0.4)
+    assert r.ok and r.ttft_s == pytest.approx(0.1) and (r.output_tokens, r.tokens_from) == (2, "usage")
 
 
 def test_errors():
