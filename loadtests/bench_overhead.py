@@ -101,6 +101,19 @@ def versions() -> dict[str, str]:
     return {"vllm": vllm.__version__, "ray": ray.__version__, "python": platform.python_version()}
 
 
+def clear_earlier_run(out: Path, raw: Path) -> None:
+    """Removes what an earlier run left in `out` that this run writes again: its server and client logs
+    (appended to within a run, where servers restart) and raw results (a cell this run lacks would stay)."""
+    raw.mkdir(parents=True, exist_ok=True)
+    for path in [
+        *raw.glob("*.json"),
+        out / "vllm_serve.log",
+        out / "headroom_serve.log",
+        *out.glob("client-*.log"),
+    ]:
+        path.unlink(missing_ok=True)
+
+
 @dataclass(frozen=True)
 class Target:
     """A server under test: bare vLLM, headroom, a headroom variant (an app at /NAME), or headroom's
@@ -177,7 +190,7 @@ class Bench:
         self.bare_flags = self.flags if args.bare_flags == "same" else identity_flags(self.flags)
         self.out: Path = args.out
         self.raw = self.out / "raw"
-        self.raw.mkdir(parents=True, exist_ok=True)
+        clear_earlier_run(self.out, self.raw)
         self.bare = BareVllm(BARE, f"http://127.0.0.1:{BARE_PORT}", None, self.out / "vllm_serve.log")
         self.headroom = HeadroomServer(
             HEADROOM, f"http://127.0.0.1:{HEADROOM_PORT}", None, self.out / "headroom_serve.log"

@@ -459,3 +459,16 @@ def test_only_targets_that_share_an_engine_with_another_are_second_doors(tmp_pat
         Target(f"{BARE}+10ms", bare, turnaround_ms=10.0),
     ]
     assert [t.second_door for t in doors] == ["", "", "", HEADROOM_DIRECT, f"{BARE}+10ms"]
+
+
+def test_a_run_starts_without_an_earlier_runs_logs_and_raw_results(tmp_path):
+    from loadtests.bench_overhead import clear_earlier_run
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    earlier = [raw / "vllm-short-c64-r0.json", tmp_path / "vllm_serve.log", tmp_path / "client-vllm.log"]
+    kept = [tmp_path / "overhead.log", tmp_path / "notes.txt"]  # the caller's own output stays
+    for p in earlier + kept:
+        p.write_text("earlier")
+    clear_earlier_run(tmp_path, raw)
+    assert not any(p.exists() for p in earlier) and all(p.exists() for p in kept) and raw.is_dir()
