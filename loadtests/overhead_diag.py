@@ -10,8 +10,8 @@ far as the time budget allows, in this order:
    process and of each engine-core and frontend thread. During the longest prompts: `py-spy dump` and a
    `py-spy record` of each engine core and frontend.
 3. HAProxy's stats before and after: did the backup server (the slow path through Serve's proxy) serve?
-4. Concurrency 64 (1024-token prompts) with a `py-spy record` of each frontend: what the replica's event
-   loop does per token.
+4. A loaded cell (default concurrency 64, 1024-token prompts; `--load-profile WORKLOAD:C:N`) with a
+   `py-spy record` of each frontend: what the replica's event loop does per token.
 5. The GPUs swapped (both servers restarted) and the sweep's shortest and longest prompts again: does the
    difference follow the server or the GPU?
 Writes diag.json, diag.txt (findings first, then the evidence and a decision table), py-spy profiles and
@@ -314,9 +314,9 @@ class Diagnostic:
             return [{"error": str(e)}]
 
     def high_concurrency(self) -> None:
-        w = WORKLOADS["random-1024"].with_output_len(self.args.output_len)
-        rows = [self.profiled(t, w, 64, self.args.c64_prompts, 30_000) for t in self.targets()]
-        self.evidence["c64"] = rows
+        name, c, n = self.args.load_profile
+        w = WORKLOADS[name].with_output_len(self.args.output_len)
+        self.evidence["load_profile"] = [self.profiled(t, w, c, n, 30_000) for t in self.targets()]
 
     # ---- the run ------------------------------------------------------------------------------------
 
@@ -342,7 +342,7 @@ class Diagnostic:
             self.evidence["haproxy"]["backup_sessions_during_sweep"] = ev.backup_sessions(
                 hap_before, hap_after
             )
-        if self.args.c64_prompts and self.step("c=64 profile", sweep_s / 2):
+        if self.args.load_profile and self.step("loaded profile", sweep_s / 2):
             self.high_concurrency()
         if len(self.args.gpus or []) >= 2 and self.step("GPU swap", start_s + sweep_s / 2):
             self.bench.stop()
@@ -446,6 +446,31 @@ Decision table (issue 12): what each finding means, and the fix.
 """
 
 
+def _cpu_lines(m: dict[str, Any], lead: str) -> list[str]:
+    """One run's TTFT, TPOT and CPU per request: key processes, whole groups, the busiest threads and each
+    engine-side process."""
+    groups = ", ".join(
+        f"{g.removesuffix('_group_cpu_ms_per_request')} {v}"
+        for g, v in m.items()
+        if g.endswith("_group_cpu_ms_per_request")
+    )
+    lines = [
+        f"  {lead}{m['server']:8} GPU {m['gpu']} {m['input_len']:5} tok: TTFT p50 "
+        f"{m['ttft_p50_ms']:7.1f} ms  TPOT {m['tpot_p50_ms']:6.2f} ms  CPU/request ms: frontend "
+        f"{m.get('frontend_cpu_ms_per_request')}, engine core {m.get('engine_core_cpu_ms_per_request')}"
+        + (f", haproxy {m['haproxy_cpu_ms_per_request']}" if "haproxy_cpu_ms_per_request" in m else "")
+        + f"; whole groups: {groups}"
+    ]
+    for k in ("engine_core", "frontend"):
+        busiest = ", ".join(
+            f"{t['thread']} x{t['threads']} {t['cpu_s']:.3f}s" for t in m.get(f"{k}_threads", [])[:4]
+        )
+        lines.append(f"      {k} threads: {busiest}")
+    for proc, ms in (m.get("engine_processes_cpu_ms_per_request") or {}).items():
+        lines.append(f"      engine process {proc}: {ms} ms CPU/request")
+    return lines
+
+
 def text_report(report: dict[str, Any]) -> str:
     lines = [
         "headroom vs bare vLLM: where the extra time per request goes (loadtests/overhead_diag.py)",
@@ -461,22 +486,12 @@ def text_report(report: dict[str, Any]) -> str:
         "c=1 SWEEP (vllm bench serve; CPU per request of the frontend main process and the engine core)",
     ]
     for m in report["sweep"] + report["swapped_sweep"]:
-        lines.append(
-            f"  round {m['round']} {m['server']:8} GPU {m['gpu']} {m['input_len']:5} tok: TTFT p50 "
-            f"{m['ttft_p50_ms']:7.1f} ms  TPOT {m['tpot_p50_ms']:6.2f} ms  CPU/request ms: frontend "
-            f"{m.get('frontend_cpu_ms_per_request')}, engine core {m.get('engine_core_cpu_ms_per_request')}"
-            + (f", haproxy {m['haproxy_cpu_ms_per_request']}" if "haproxy_cpu_ms_per_request" in m else "")
-            + f"; whole groups: frontend {m.get('frontend_group_cpu_ms_per_request')}, "
-            f"engine {m.get('engine_group_cpu_ms_per_request')}"
-        )
-        for k in ("engine_core", "frontend"):
-            busiest = ", ".join(
-                f"{t['thread']} x{t['threads']} {t['cpu_s']:.3f}s" for t in m.get(f"{k}_threads", [])[:4]
-            )
-            lines.append(f"      {k} threads: {busiest}")
-        for proc, ms in (m.get("engine_processes_cpu_ms_per_request") or {}).items():
-            lines.append(f"      engine process {proc}: {ms} ms CPU/request")
-    for m in report["sweep"] + report.get("c64", []):
+        lines += _cpu_lines(m, f"round {m['round']} ")
+    if report.get("load_profile"):
+        lines += ["", "LOADED CELL (vllm bench serve, profiled; CPU per request as above)"]
+        for m in report["load_profile"]:
+            lines += _cpu_lines(m, f"c={m['concurrency']} {m.get('output_tokens_per_s') or 0:,.0f} tok/s ")
+    for m in report["sweep"] + report.get("load_profile", []):
         for k, rec in (m.get("pyspy_record") or {}).items():
             where = f"{m['server']} {k} c={m['concurrency']} {m['input_len']} tok"
             lines.append(f"PY-SPY RECORD {where} ({rec.get('seconds')} s):")
@@ -504,13 +519,27 @@ def text_report(report: dict[str, Any]) -> str:
         lines += [f"  [{name}] {ln}" for ln in log[:30]]
     for proc, text in report.get("engine_helper_dumps", {}).items():
         lines += ["", f"PY-SPY DUMP engine helper {proc}", text]
-    for m in report["sweep"] + report.get("c64", []):
+    for m in report["sweep"] + report.get("load_profile", []):
         for k, text in (m.get("pyspy_dump") or {}).items():
             lines += ["", f"PY-SPY DUMP {m['server']} {k} c={m['concurrency']}", text]
     lines += ["", DECISIONS]
     for name, text in report["gpu"].items():
         lines += ["", f"NVIDIA-SMI {name}", text]
     return "\n".join(lines) + "\n"
+
+
+def _load_cell(text: str) -> tuple[str, int, int] | None:
+    """'short:256:1280' -> ('short', 256, 1280); 'none' -> None."""
+    if text == "none":
+        return None
+    name, _, rest = text.partition(":")
+    c, _, n = rest.partition(":")
+    if name not in WORKLOADS or not (c.isdigit() and n.isdigit() and int(c) > 0 and int(n) > 0):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected WORKLOAD:C:N with WORKLOAD one of {sorted(WORKLOADS)} and C, N > 0, "
+            "or 'none'"
+        )
+    return name, int(c), int(n)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -523,7 +552,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-prompts", type=int, default=30, help="prompts of the profiled c=1 run")
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--c64-prompts", type=int, default=128, help="prompts of the c=64 profile (0: skip)")
+    p.add_argument(
+        "--load-profile",
+        type=_load_cell,
+        default=_load_cell("random-1024:64:128"),
+        help="WORKLOAD:C:N: the loaded cell profiled with py-spy (N prompts at concurrency C); 'none': none",
+    )
     p.add_argument("--dump-after-s", type=float, default=1.0)
     p.add_argument(
         "--gpus", nargs="+",

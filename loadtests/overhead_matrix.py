@@ -87,7 +87,7 @@ def identity_flags(flags: Sequence[str]) -> list[str]:
 
 
 def cpu_per_token(cpu_s: Mapping[str, float], output_tokens: int) -> dict[str, float | None]:
-    """CPU microseconds per output token of each process group ("frontend", "engine")."""
+    """CPU microseconds per output token of each process group ("frontend", "engine", "ingress")."""
     return {
         f"{g}_cpu_us_per_token": (s / output_tokens * 1e6 if output_tokens else None)
         for g, s in cpu_s.items()
@@ -105,6 +105,8 @@ METRICS = (
     "itl_p50_ms",
     "output_tokens_per_s",
     "frontend_cpu_us_per_token",
+    # Of the frontend's CPU, HAProxy's and Serve's proxies' (headroom through its HTTP port only).
+    "ingress_cpu_us_per_token",
     "engine_cpu_us_per_token",
     # vLLM's own TTFT, the median over the cell from bucket counts (loadtests/engine_timing.py), and how late
     # the replica's event loop woke up (Ray Serve's probe; headroom only).

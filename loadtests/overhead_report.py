@@ -15,6 +15,7 @@ _SERVER_COLUMNS = (
     ("ITL p50 ms", "itl_p50_ms", 2),
     ("output tok/s", "output_tokens_per_s", 0),
     ("frontend CPU us/token", "frontend_cpu_us_per_token", 0),
+    ("of which HAProxy + proxies", "ingress_cpu_us_per_token", 0),
     ("engine CPU us/token", "engine_cpu_us_per_token", 0),
     ("starts within 50 ms", "starts_within_50ms", 0),
 )

@@ -79,13 +79,17 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 @dataclass
 class ServerProcesses:
-    """One server's processes: the HTTP side and the engine side."""
+    """One server's processes: the HTTP side and the engine side, and of the HTTP side the part in front of
+    the replica (HAProxy and Serve's proxies; none for `vllm serve` or a client at the replica's port)."""
 
     frontend: list[psutil.Process]
     engine: list[psutil.Process]
+    ingress: list[psutil.Process] = field(default_factory=list)
 
     def groups(self) -> dict[str, list[psutil.Process]]:
-        return {"frontend": self.frontend, "engine": self.engine}
+        """CPU accounting groups; "ingress" (a part of "frontend") only where there is one."""
+        groups = {"frontend": self.frontend, "engine": self.engine}
+        return groups | ({"ingress": self.ingress} if self.ingress else {})
 
     def engine_cores(self) -> list[psutil.Process]:
         """The engine's main processes (vLLM's EngineCore), without helpers such as compile workers."""
@@ -232,7 +236,9 @@ class HeadroomServer(Server):
             p for p in tree if "haproxy" in _title(p).split(" ")[0] or _title(p).startswith(INGRESS_TITLES)
         ]
         engine = [child for r in replicas for child in r.children(recursive=True)]
-        return ServerProcesses(frontend=replicas + (ingress if with_ingress else []), engine=engine)
+        if not with_ingress:
+            ingress = []
+        return ServerProcesses(frontend=replicas + ingress, engine=engine, ingress=ingress)
 
     def replica_url(self, route: str = "") -> str:
         """The HTTP address of the (one) replica of the app at `route` itself: the port Serve's direct

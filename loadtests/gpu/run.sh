@@ -81,11 +81,12 @@ trap pack EXIT
 case "$phase" in
   diag)
     # Bare vLLM on GPU 0, headroom on GPU 1: c=1 sweep 50/448/576/1024 tokens, process facts, py-spy, HAProxy
-    # stats, a c=64 profile and the GPUs swapped as the budget allows. SIGTERM at the limit still writes it all.
+    # stats, a loaded profile (c=64; DIAG_ARGS="--rounds 0 --load-profile short:256:1280" for that cell alone) and
+    # the GPUs swapped as the budget allows. SIGTERM at the limit still writes it all.
     # On a one-GPU machine both servers share it, each with half its memory (half-gpu.yaml), loaded in turn.
     if [ "$gpus" -ge 2 ]; then diag_gpus=(0 1); else diag_gpus=(0); config+=(loadtests/gpu/half-gpu.yaml); fi
     timeout -s TERM "${DIAG_TIMEOUT_S:-330}" python3 -m loadtests.overhead_diag --config "${config[@]}" \
-      --gpus "${diag_gpus[@]}" --budget-s "${DIAG_BUDGET_S:-310}" --out "$work" > "$work/diag.log" 2>&1 || true
+      --gpus "${diag_gpus[@]}" --budget-s "${DIAG_BUDGET_S:-310}" ${DIAG_ARGS:-} --out "$work" > "$work/diag.log" 2>&1 || true
     tail -60 "$work/diag.txt" 2>/dev/null || tail -40 "$work/diag.log"
     ;;
   overhead)

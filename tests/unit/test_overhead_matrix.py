@@ -27,7 +27,7 @@ from loadtests.overhead_matrix import (
     targets,
 )
 from loadtests.overhead_report import fmt, markdown
-from loadtests.overhead_servers import app_name_for, parse_variant
+from loadtests.overhead_servers import ServerProcesses, app_name_for, parse_variant
 from loadtests.vllm_bench import WORKLOADS, Workload
 
 
@@ -212,6 +212,18 @@ def test_cpu_per_token():
         "engine_cpu_us_per_token": 2000.0,
     }
     assert cpu_per_token({"engine": 1.0}, 0) == {"engine_cpu_us_per_token": None}
+
+
+def test_cpu_groups_name_the_ingress_only_where_a_server_has_one():
+    replica, haproxy, engine = object(), object(), object()  # stand-ins: groups() only sorts them
+    through_haproxy = ServerProcesses(frontend=[replica, haproxy], engine=[engine], ingress=[haproxy])
+    assert through_haproxy.groups() == {
+        "frontend": [replica, haproxy],
+        "engine": [engine],
+        "ingress": [haproxy],
+    }
+    bare = ServerProcesses(frontend=[replica], engine=[engine])
+    assert bare.groups() == {"frontend": [replica], "engine": [engine]}
 
 
 @pytest.mark.parametrize(
@@ -443,6 +455,18 @@ def test_diag_command_line_defaults_span_the_graph_ceiling():
     lengths = parse_args([]).lengths  # prompt tokens, on both sides of vLLM's 512-token graph ceiling
     below, above = [n for n in lengths if n <= 512], [n for n in lengths if n > 512]
     assert min(below) <= 64 and max(below) >= 400 and min(above) <= 640 and max(above) >= 1024
+
+
+def test_diag_profiles_the_loaded_cell_it_is_given(capsys):
+    from loadtests.overhead_diag import parse_args
+
+    assert parse_args([]).load_profile == ("random-1024", 64, 128)
+    assert parse_args(["--load-profile", "short:256:1280"]).load_profile == ("short", 256, 1280)
+    assert parse_args(["--load-profile", "none"]).load_profile is None
+    for bad in ("long:64:128", "short:0:10", "short:64"):
+        with pytest.raises(SystemExit):
+            parse_args(["--load-profile", bad])
+        assert "expected WORKLOAD:C:N" in capsys.readouterr().err
 
 
 def test_only_targets_that_share_an_engine_with_another_are_second_doors(tmp_path):
