@@ -371,6 +371,17 @@ class DeploymentSection(BaseModel):
             "(results/bench_routing on the CPU box; results/gpu/2026-12-01/routing on 2 H200s)."
         ),
     )
+    inter_token_latency_histogram: bool = Field(
+        default=False,
+        description=(
+            "Export vLLM's per-token histogram vllm:inter_token_latency_seconds. vLLM observes it once per "
+            "generated token, and through Ray's metrics each observation costs several microseconds on the "
+            "replica's event loop, the thread that streams every response: on an H200 at 15,000 tokens/s "
+            "it was the largest cost only headroom's replica had (9% of that thread's time, "
+            "results/gpu/2026-12-04e/diag/diag.txt). Off, per-request TPOT is still exported "
+            "(vllm:request_time_per_output_token_seconds, headroom_tpot_seconds)."
+        ),
+    )
     health_check_period_s: float = Field(
         default=10,
         ge=1,

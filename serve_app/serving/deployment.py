@@ -73,7 +73,9 @@ class LLMServer:
         )
         # The engine core starts from this process: with `vllm serve`'s environment, not Ray's defaults.
         restore_vllm_serve_env(os.environ, environ_at_start())
-        self._engine = await start_engine(self._args, self._metrics, cfg.security.limits)
+        self._engine = await start_engine(
+            self._args, self._metrics, cfg.security.limits, cfg.deployment.inter_token_latency_histogram
+        )
         self._asgi: ReplicaASGI | None = None
         self._stopping = False
         self._engine_watch = asyncio.get_running_loop().create_task(self._exit_when_engine_dies())

@@ -2,8 +2,9 @@
 
 We build the FastAPI app with vLLM's `build_app` + `init_app_state`, the functions `vllm serve` itself
 uses, so request validation, error JSON, streaming and every OpenAI route behave exactly as in vLLM. Only
-two things differ from `vllm serve`: engine metrics go through Ray's metrics pipeline, and each finished
-request's TTFT/TPOT are recorded for headroom's histograms. The import paths below exist in vLLM 0.26
+three things differ from `vllm serve`: engine metrics go through Ray's metrics pipeline, vLLM's one
+per-token histogram is left out unless the config asks for it (RayStatLoggerWithoutPerToken), and each
+finished request's TTFT/TPOT are recorded for headroom's histograms. The import paths below exist in vLLM 0.26
 through 0.33 (0.32 moved the server into `vllm.entrypoints.launchers` and kept the old names).
 """
 
@@ -21,7 +22,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
-from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+from vllm.v1.metrics.ray_wrappers import RayHistogramWrapper, RayPrometheusStatLogger
 
 from autoscale.replica_stats import EngineStats
 from serve_app.config.security import RequestLimits, SecuritySection
@@ -152,6 +153,35 @@ class InstrumentedAsyncLLM(AsyncLLM):
         await super().check_health()
 
 
+# vLLM's histograms observed once per generated token (the rest are per step or per request).
+PER_TOKEN_HISTOGRAMS = frozenset({"vllm:inter_token_latency_seconds"})
+
+
+class _Unexported:
+    """Takes the place of a histogram that is not exported: accepts vLLM's calls and records nothing, and
+    never registers a metric with Ray (so no empty series appears either)."""
+
+    def labels(self, *args, **kwargs) -> _Unexported:
+        return self
+
+    def observe(self, value: float) -> None:
+        pass
+
+
+def _histogram_unless_per_token(name: str, *args, **kwargs):
+    if name in PER_TOKEN_HISTOGRAMS:
+        return _Unexported()
+    return RayHistogramWrapper(name, *args, **kwargs)
+
+
+class RayStatLoggerWithoutPerToken(RayPrometheusStatLogger):
+    """vLLM's Ray stat logger without its per-token histograms. A Ray histogram observation costs several
+    microseconds on the replica's event loop (results/stat_logger), and vLLM makes one per generated token
+    for the inter-token latency: at GPU token rates that loop is what caps the replica's throughput."""
+
+    _histogram_cls = staticmethod(_histogram_unless_per_token)  # type: ignore[assignment]
+
+
 def engine_stats_logger(stats: EngineStats) -> type[StatLoggerBase]:
     """A vLLM stat logger that feeds every engine step into `stats` (autoscale/replica_stats.py): the
     scheduler's running/waiting/KV numbers and the step's prompt, generated and finished counts."""
@@ -184,15 +214,20 @@ def engine_stats_logger(stats: EngineStats) -> type[StatLoggerBase]:
 
 
 async def start_engine(
-    args: argparse.Namespace, metrics: ServingMetrics, limits: RequestLimits | None = None
+    args: argparse.Namespace,
+    metrics: ServingMetrics,
+    limits: RequestLimits | None = None,
+    inter_token_latency_histogram: bool = False,
 ) -> InstrumentedAsyncLLM:
-    """Starts the engine as `vllm serve` would, with vLLM's metrics exported through Ray."""
+    """Starts the engine as `vllm serve` would, with vLLM's metrics exported through Ray (its per-token
+    histogram only when asked for: deployment.inter_token_latency_histogram)."""
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    ray_logger = RayPrometheusStatLogger if inter_token_latency_histogram else RayStatLoggerWithoutPerToken
     engine = InstrumentedAsyncLLM.from_vllm_config(
         vllm_config=vllm_config,
         usage_context=UsageContext.OPENAI_API_SERVER,
-        stat_loggers=[RayPrometheusStatLogger, engine_stats_logger(metrics.window.engine)],
+        stat_loggers=[ray_logger, engine_stats_logger(metrics.window.engine)],
         enable_log_requests=engine_args.enable_log_requests,
         disable_log_stats=engine_args.disable_log_stats,
     )

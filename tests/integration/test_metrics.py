@@ -89,3 +89,21 @@ def test_vllm_engine_metrics_are_exported(cluster):
         }
         time.sleep(0.5)
     assert seen == gauges, f"not exported within 30 s: {sorted(gauges - seen)}"
+
+
+def test_per_token_histogram_is_exported_only_where_the_config_asks_for_it(cluster):
+    """vLLM's inter-token-latency histogram (one observation per generated token) is left out by default
+    (deployment.inter_token_latency_histogram: false, the main app) and exported where it is on (the draft
+    app); the per-request TPOT histogram is exported either way."""
+    itl = "ray_vllm_inter_token_latency_seconds_count"
+    tpot = "ray_vllm_request_time_per_output_token_seconds_count"
+    main, drafted = {"model_name": "tiny-qwen3"}, {"model_name": "tiny-qwen3-drafted"}
+    itl_before, tpot_before = cluster.metric_sum(itl, **drafted), cluster.metric_sum(tpot, **main)
+    for prefix, model in (("", "tiny-qwen3"), ("/draft", "tiny-qwen3-drafted")):
+        out = cluster.client(prefix).completions.create(
+            model=model, prompt="per-token metrics", max_tokens=8, extra_body={"ignore_eos": True}
+        )
+        assert out.usage.completion_tokens == 8
+    cluster.wait_for_metric(itl, itl_before + 1, **drafted)  # speculation may emit several tokens a step
+    cluster.wait_for_metric(tpot, tpot_before + 1, **main)
+    assert not [lab for lab, _ in cluster.metrics().get(itl, []) if lab.get("model_name") == "tiny-qwen3"]
