@@ -3,7 +3,8 @@
 - Environment differences between two processes (secrets redacted), and the variables that change how an
   engine runs (threads, devices, allocators).
 - CPU time by thread, grouped by thread name (py-spy and /proc name threads the same way).
-- py-spy's raw (collapsed) profiles: where each thread spent its busy samples.
+- py-spy's raw (collapsed) profiles: where each thread spent its busy samples, and the share of a thread's
+  samples with a given frame anywhere on the stack (`python -m loadtests.diag_evidence share ...`).
 - HAProxy's stats CSV: sessions per backend server, and whether the backup server (the head node's Serve
   proxy, the slow two-hop path) took any.
 - The findings: each hypothesis of issue 12 with what the numbers say about it.
@@ -75,19 +76,44 @@ def pyspy_profile(raw: Iterable[str], top: int = 12) -> dict[str, Any]:
     --idle), so a thread's count over rate x duration is the share of the time it was running Python."""
     threads: dict[str, Counter[str]] = defaultdict(Counter)
     for line in raw:
-        m = _RAW_LINE.match(line.strip())
-        if not m:
+        parsed = _thread_and_frames(line)
+        if parsed is None:
             continue
-        frames = m["stack"].split(";")
-        head = frames[0]
-        name = head.split(": ", 1)[1] if head.startswith("thread (") and ": " in head else head
-        leaf = frames[-1] if len(frames) > 1 else "(no python frame)"
-        threads[name][leaf] += int(m["count"])
+        name, stack, count = parsed
+        threads[name][stack[-1] if stack else "(no python frame)"] += count
     out = {}
     for name, leaves in threads.items():
         total = sum(leaves.values())
         out[name] = {"samples": total, "top": [[leaf, n] for leaf, n in leaves.most_common(top)]}
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["samples"]))
+
+
+def _thread_and_frames(line: str) -> tuple[str, list[str], int] | None:
+    m = _RAW_LINE.match(line.strip())
+    if not m:
+        return None
+    frames = m["stack"].split(";")
+    head = frames[0]
+    name = head.split(": ", 1)[1] if head.startswith("thread (") and ": " in head else head
+    return name, frames[1:], int(m["count"])
+
+
+def frame_share(raw: Iterable[str], thread: str, frames: Sequence[str]) -> dict[str, list[int]]:
+    """For each of `frames` (a substring of a frame, e.g. 'loggers.py:1219'), [samples of the threads whose
+    name starts with `thread` that have it anywhere on their stack, all samples of those threads]: the
+    inclusive share, which a leaf count (pyspy_profile) misses when the time is spent below the frame."""
+    hits = dict.fromkeys(frames, 0)
+    total = 0
+    for line in raw:
+        parsed = _thread_and_frames(line)
+        if parsed is None or not parsed[0].startswith(thread):
+            continue
+        _, stack, count = parsed
+        total += count
+        for f in frames:
+            if any(f in frame for frame in stack):
+                hits[f] += count
+    return {f: [n, total] for f, n in hits.items()}
 
 
 def haproxy_servers(stats_csv: str) -> list[dict[str, Any]]:
@@ -204,3 +230,25 @@ def process_findings(facts: Mapping[str, Mapping[str, Any]]) -> list[str]:
             + "."
         )
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(description="Inclusive share of frames in py-spy raw profiles.")
+    sub = p.add_subparsers(dest="command", required=True)
+    share = sub.add_parser("share", help="per profile: a thread's samples with each frame on the stack")
+    share.add_argument("profiles", nargs="+", type=Path, help="py-spy record --format raw --threads output")
+    share.add_argument("--thread", required=True, help="thread-name prefix ('AsyncIO Thread', 'MainThread')")
+    share.add_argument("--frame", action="append", required=True, help="substring of a frame (repeatable)")
+    args = p.parse_args(argv)
+    for path in args.profiles:
+        for frame, (n, total) in frame_share(path.read_text().splitlines(), args.thread, args.frame).items():
+            pct = 100 * n / total if total else 0.0
+            print(f"{path.name}\t{args.thread}\t{frame}\t{n} of {total} samples\t{pct:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

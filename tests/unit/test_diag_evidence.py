@@ -59,6 +59,29 @@ def test_pyspy_profile_counts_busy_samples_per_thread_and_leaf():
     }
 
 
+def test_frame_share_counts_a_frame_anywhere_on_the_stack_of_the_named_threads_only():
+    raw = [
+        "thread (1): AsyncIO Thread: default;record (loggers.py:1219);observe (metrics.py:133) 6",
+        "thread (1): AsyncIO Thread: default;send (httptools_impl.py:542) 3",
+        "thread (1): AsyncIO Thread: default;record (loggers.py:1200) 1",
+        "thread (2): MainThread;record (loggers.py:1219) 50",
+        "not a profile line",
+    ]
+    assert ev.frame_share(raw, "AsyncIO Thread", ["loggers.py:1219", "metrics.py:133", "absent"]) == {
+        "loggers.py:1219": [6, 10],
+        "metrics.py:133": [6, 10],
+        "absent": [0, 10],
+    }
+    assert ev.frame_share(raw, "MainThread", ["loggers.py:1219"]) == {"loggers.py:1219": [50, 50]}
+
+
+def test_share_command_prints_each_frame_with_its_share(tmp_path, capsys):
+    profile = tmp_path / "p.txt"
+    profile.write_text("thread (2): MainThread;a (x.py:1) 3\nthread (2): MainThread;b (x.py:2) 1\n")
+    assert ev.main(["share", str(profile), "--thread", "MainThread", "--frame", "x.py:1"]) == 0
+    assert capsys.readouterr().out == "p.txt\tMainThread\tx.py:1\t3 of 4 samples\t75.0%\n"
+
+
 # HAProxy's CSV (columns cut after `bck`; HAProxy has more, read by name).
 STATS = """# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,\
 wredis,status,weight,act,bck
