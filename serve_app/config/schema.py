@@ -378,7 +378,7 @@ class DeploymentSection(BaseModel):
             "generated token, and through Ray's metrics each observation costs several microseconds on the "
             "replica's event loop, the thread that streams every response: on an H200 at 15,000 tokens/s "
             "it was the largest cost only headroom's replica had (9% of that thread's time, "
-            "results/gpu/2026-12-04e/diag/diag.txt). Off, per-request TPOT is still exported "
+            "results/gpu/2026-12-04e/diag/frame_share.md). Off, per-request TPOT is still exported "
             "(vllm:request_time_per_output_token_seconds, headroom_tpot_seconds)."
         ),
     )
