@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.headroom-setup
 
-.PHONY: setup run test test-unit test-integration lint fmt plan loadtest ladder bench bench-overhead bench-stat-logger bench-autoscale tune-autoscale bench-vllm-agreement clean
+.PHONY: setup run test test-unit test-integration lint fmt plan loadtest ladder bench bench-overhead bench-stat-logger bench-serve-request bench-autoscale tune-autoscale bench-vllm-agreement clean
 
 # The set-up reruns only when what it installs changes.
 $(STAMP): pyproject.toml scripts/setup.sh
@@ -60,6 +60,10 @@ bench-overhead: $(STAMP)
 # (`vllm serve`'s), per generated token in the engine client's event loop.
 bench-stat-logger: $(STAMP)
 	$(PY) -m loadtests.bench_stat_logger --out results/stat_logger
+
+# Ray Serve's request path against uvicorn alone: the serving process's CPU per request, with no engine.
+bench-serve-request: $(STAMP)
+	$(PY) -m loadtests.bench_serve_request --out results/serve_request
 
 # The shipped autoscaling policy against Ray's tuned default and static fleets, in the request-level
 # simulator (26 min on 2 cores; results/autoscale). The deployment's numbers come from the config

@@ -1,0 +1,228 @@
+"""What Ray Serve's request path costs a replica per request, against uvicorn alone, with no engine.
+
+A headroom replica serves HTTP through Ray Serve's direct ingress: HAProxy sends each request to the
+replica's own uvicorn server, and Serve wraps the app with its request handling (request metadata, a
+disconnect watcher, ongoing-request accounting, the access log line and its request metrics). `vllm serve`
+runs the same kind of app on uvicorn alone. The app here is a trivial streaming ASGI app (a response start
+and CHUNKS body chunks, no engine), so what differs is Serve's path. Servers:
+
+- `uvicorn`: the app on uvicorn (uvloop, httptools), as `vllm serve` runs its app;
+- `serve`: the app as a Serve ingress deployment on a local cluster with headroom's settings
+  (SERVE_CLUSTER_ENV: HAProxy, direct ingress, user code on the replica's loop), loaded through HAProxy and
+  at the replica's own port;
+- `serve, no access log`: the same with Serve's access log off (`logging_config.enable_access_log`).
+
+Measured: the serving process's CPU time per request (user + system, from /proc; HAProxy's own CPU is not
+counted) over N requests at concurrency C, rounds interleaved; median [min, max] over rounds.
+
+    python -m loadtests.bench_serve_request --out results/serve_request
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+from ray import serve
+
+from loadtests.machine import describe
+
+BODY = b'data: {"x": 1}\n\n'
+
+
+def trivial_app(chunks: int):
+    """An ASGI app that reads the request body and answers with a response start and `chunks` body chunks."""
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        start = {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+        await send(start)
+        for _ in range(chunks - 1):
+            await send({"type": "http.response.body", "body": BODY, "more_body": True})
+        await send({"type": "http.response.body", "body": BODY, "more_body": False})
+
+    return app
+
+
+def uvicorn_app():
+    """uvicorn's factory (`--factory`): the app with CHUNKS from the environment."""
+    return trivial_app(int(os.environ["CHUNKS"]))
+
+
+@serve.ingress()
+class Trivial:
+    """The app as a Serve ingress deployment, built late as headroom's LLMServer builds vLLM's."""
+
+    def __init__(self, chunks: int):
+        self.chunks = chunks
+
+    async def __serve_build_asgi_app__(self):
+        return trivial_app(self.chunks)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _load(url: str, n: int, concurrency: int) -> None:
+    left = [n]
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=concurrency)) as client:
+
+        async def worker() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                r = await client.post(url, content=b'{"prompt": "hi"}')
+                r.raise_for_status()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def cpu_us_per_request(url: str, pid: int, n: int, concurrency: int) -> float:
+    proc = psutil.Process(pid)
+    before = sum(proc.cpu_times()[:2])
+    asyncio.run(_load(url, n, concurrency))
+    return (sum(proc.cpu_times()[:2]) - before) / n * 1e6
+
+
+def wait_until_serving(url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.post(url, content=b"{}", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+def replica_pid_and_port(app_name: str) -> tuple[int, int]:
+    """The replica's process and the port of its own HTTP server (direct ingress)."""
+    for p in psutil.process_iter(["cmdline"]):
+        if f"ServeReplica:{app_name}:" in " ".join(p.info["cmdline"] or []):
+            ports = sorted(
+                c.laddr.port
+                for c in p.net_connections()
+                if c.status == psutil.CONN_LISTEN and 30000 <= c.laddr.port < 31000
+            )
+            return p.pid, ports[0]
+    raise RuntimeError(f"no replica of {app_name} found")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from serve_app.serving.driver import init_ray_driver
+    from serve_app.serving.serve_options import apply_cluster_env
+
+    uv_port, serve_port = free_port(), free_port()
+    uv = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--factory", "loadtests.bench_serve_request:uvicorn_app",
+         "--port", str(uv_port), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+         "--log-level", "warning"],
+        env={**os.environ, "CHUNKS": str(args.chunks)}, start_new_session=True,
+    )  # fmt: skip
+    apply_cluster_env(os.environ)
+    samples: dict[str, list[float]] = {}
+    try:
+        init_ray_driver(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+                        logging_level="WARNING")  # fmt: skip
+        serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
+        apps = {"serve": {}, "serve, no access log": {"logging_config": {"enable_access_log": False}}}
+        for i, options in enumerate(apps.values()):
+            name = f"trivial{i}"
+            deployment = serve.deployment(Trivial).options(
+                name="Trivial", max_ongoing_requests=256, **options
+            )
+            serve.run(deployment.bind(args.chunks), name=name, route_prefix=f"/{name}", blocking=False)
+            wait_until_serving(f"http://127.0.0.1:{serve_port}/{name}")
+        wait_until_serving(f"http://127.0.0.1:{uv_port}/")
+        targets = {"uvicorn": (f"http://127.0.0.1:{uv_port}/", uv.pid)}
+        for i, label in enumerate(apps):
+            pid, port = replica_pid_and_port(f"trivial{i}")
+            targets[f"{label}, through HAProxy"] = (f"http://127.0.0.1:{serve_port}/trivial{i}", pid)
+            targets[f"{label}, replica's port"] = (f"http://127.0.0.1:{port}/trivial{i}", pid)
+        for url, pid in targets.values():  # warm-up
+            cpu_us_per_request(url, pid, args.requests // 10, args.concurrency)
+        for r in range(args.rounds):
+            order = list(targets.items())
+            for label, (url, pid) in order[r % len(order) :] + order[: r % len(order)]:
+                samples.setdefault(label, []).append(
+                    cpu_us_per_request(url, pid, args.requests, args.concurrency)
+                )
+    finally:
+        uv.terminate()
+        uv.wait(timeout=30)
+        serve.shutdown()
+        import ray
+
+        ray.shutdown()
+    return samples
+
+
+def report(samples: dict[str, list[float]], args: argparse.Namespace, command: str) -> str:
+    base = samples["uvicorn"]
+    lines = [
+        "# Ray Serve's request path: the serving process's CPU per request, no engine",
+        "",
+        f"Machine: {describe()}. Trivial streaming app, {args.chunks} body chunk(s) per response; "
+        f"{args.requests} requests at concurrency {args.concurrency} per round, {args.rounds} rounds, "
+        "interleaved.",
+        "",
+        "| server | us of CPU per request, median [min, max] | minus uvicorn's, paired per round |",
+        "|---|---:|---:|",
+    ]
+    for label, values in samples.items():
+        extra = [v - b for v, b in zip(values, base, strict=True)]
+        lines.append(
+            f"| {label} | {np.median(values):.0f} [{min(values):.0f}, {max(values):.0f}] | "
+            f"{np.median(extra):+.0f} [{min(extra):+.0f}, {max(extra):+.0f}] |"
+        )
+    lines += ["", f"Command: `{command}`", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=3000, help="requests per server per round")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--chunks", type=int, default=1, help="body chunks per response")
+    p.add_argument("--out", type=Path, default=Path("results/serve_request"))
+    args = p.parse_args(argv)
+    for name, value in (("--requests", args.requests), ("--concurrency", args.concurrency),
+                        ("--rounds", args.rounds), ("--chunks", args.chunks)):  # fmt: skip
+        if value < 1:
+            p.error(f"{name} must be >= 1, got {value}")
+    command = "python -m loadtests.bench_serve_request " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    samples = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({"command": command, "samples_us": samples}, indent=1))
+    text = report(samples, args, command.strip())
+    (args.out / "report.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
