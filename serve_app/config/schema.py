@@ -371,6 +371,15 @@ class DeploymentSection(BaseModel):
             "(results/bench_routing on the CPU box; results/gpu/2026-12-01/routing on 2 H200s)."
         ),
     )
+    access_log: bool = Field(
+        default=True,
+        description=(
+            "Ray Serve's access log: a line per request in each replica's log (docs/serving.md, Logs), "
+            "like vllm serve's uvicorn access log. Writing it costs the replica's event loop about 110-140 "
+            "us of CPU per request on a 2-core box (results/serve_request/report.md); turn it off where "
+            "HAProxy, a gateway or the clients already log requests."
+        ),
+    )
     inter_token_latency_histogram: bool = Field(
         default=False,
         description=(

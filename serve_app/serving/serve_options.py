@@ -87,6 +87,8 @@ def deployment_options(cfg: HeadroomConfig, plan: Plan) -> dict[str, Any]:
         "health_check_timeout_s": d.health_check_timeout_s,
         "graceful_shutdown_timeout_s": d.graceful_shutdown_timeout_s,
     }
+    if not d.access_log:
+        opts["logging_config"] = {"enable_access_log": False}
     cpus = cfg.resources.num_cpus_per_replica
     if plan.tensor_parallel_size > 1:
         opts["ray_actor_options"] = {"num_cpus": cpus}

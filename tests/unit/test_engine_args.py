@@ -220,3 +220,11 @@ def test_engine_args_refuses_a_plan_that_does_not_fit(tmp_path):
     result = CliRunner().invoke(app, ["engine-args", "--config", str(llama70_config(tmp_path, "H100-80GB"))])
     assert result.exit_code == 1 and result.stdout == ""
     assert "won't fit" in result.stderr and "Weights need 131.45 GiB per GPU" in result.stderr
+
+
+def test_access_log_is_serves_unless_turned_off():
+    on = config()
+    assert "logging_config" not in deployment_options(on, plan_config(on, cluster_spec(on)))
+    off = config(deployment={"access_log": False})
+    opts = deployment_options(off, plan_config(off, cluster_spec(off)))
+    assert opts["logging_config"] == {"enable_access_log": False}
