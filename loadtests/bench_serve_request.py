@@ -34,9 +34,15 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+import ray
 from ray import serve
+from ray.serve._private.constants import (
+    RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT,
+    RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT,
+)
 
 from loadtests.machine import describe
+from loadtests.processes import serve_replicas
 
 BODY = b'data: {"x": 1}\n\n'
 
@@ -117,16 +123,15 @@ def wait_until_serving(url: str, timeout_s: float = 120) -> None:
 
 
 def replica_pid_and_port(app_name: str) -> tuple[int, int]:
-    """The replica's process and the port of its own HTTP server (direct ingress)."""
-    for p in psutil.process_iter(["cmdline"]):
-        if f"ServeReplica:{app_name}:" in " ".join(p.info["cmdline"] or []):
-            ports = sorted(
-                c.laddr.port
-                for c in p.net_connections()
-                if c.status == psutil.CONN_LISTEN and 30000 <= c.laddr.port < 31000
-            )
-            return p.pid, ports[0]
-    raise RuntimeError(f"no replica of {app_name} found")
+    """The replica's process and the port of its own HTTP server (direct ingress, in Serve's port range)."""
+    (replica,) = serve_replicas(app_name)
+    ports = sorted(
+        c.laddr.port
+        for c in replica.net_connections()
+        if c.status == psutil.CONN_LISTEN
+        and RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT <= c.laddr.port <= RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT
+    )
+    return replica.pid, ports[0]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -172,8 +177,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         uv.terminate()
         uv.wait(timeout=30)
         serve.shutdown()
-        import ray
-
         ray.shutdown()
     return samples
 
