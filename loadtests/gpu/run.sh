@@ -61,7 +61,7 @@ work=/root/gpu-results/$name
 rm -rf "$work"
 mkdir -p "$work" "$out"
 nvidia-smi > "$work/nvidia-smi.txt" 2>&1 || true
-config=(configs/base.yaml loadtests/gpu/qwen3-8b.yaml)
+config=(configs/base.yaml loadtests/gpu/qwen3-8b.yaml ${EXTRA_CONFIG:-})  # EXTRA_CONFIG: overlays on both sides
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)  # whole GPUs (not MIG devices)
 
 pack() {
