@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import logging.handlers
 import types
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import wait as wait_for_sentinels
 
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -213,6 +215,28 @@ def engine_stats_logger(stats: EngineStats) -> type[StatLoggerBase]:
     return EngineStatsLogger
 
 
+@contextmanager
+def serve_log_file_kept() -> Iterator[None]:
+    """Keeps Ray Serve's replica log file (logs/serve/replica_*.log) written across vLLM's logging set-up.
+
+    vLLM >= 0.32 configures logging when an engine is created (vLLM 0.26 at import, before Serve sets up the
+    replica's logger) with a dictConfig, which first closes every handler in the process
+    (logging.config._clearExistingHandlers). Serve writes the replica's file through a MemoryHandler on the
+    `ray.serve` logger; closed, that handler drops its file handler, so the file got nothing more (not the
+    access log, not "Finished initializing replica") and the handler's buffer kept every record it was given
+    for the replica's life. Given its file handler back (which reopens the file), it writes what it buffered
+    and all that follows."""
+    handlers = logging.getLogger("ray.serve").handlers
+    targets = [(h, h.target) for h in handlers if isinstance(h, logging.handlers.MemoryHandler)]
+    try:
+        yield
+    finally:
+        for handler, target in targets:
+            if handler.target is None and target is not None:
+                handler.setTarget(target)
+                handler.flush()
+
+
 async def start_engine(
     args: argparse.Namespace,
     metrics: ServingMetrics,
@@ -221,16 +245,17 @@ async def start_engine(
 ) -> InstrumentedAsyncLLM:
     """Starts the engine as `vllm serve` would, with vLLM's metrics exported through Ray (its per-token
     histogram only when asked for: deployment.inter_token_latency_histogram)."""
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     ray_logger = RayPrometheusStatLogger if inter_token_latency_histogram else RayStatLoggerWithoutPerToken
-    engine = InstrumentedAsyncLLM.from_vllm_config(
-        vllm_config=vllm_config,
-        usage_context=UsageContext.OPENAI_API_SERVER,
-        stat_loggers=[ray_logger, engine_stats_logger(metrics.window.engine)],
-        enable_log_requests=engine_args.enable_log_requests,
-        disable_log_stats=engine_args.disable_log_stats,
-    )
+    with serve_log_file_kept():  # both calls configure vLLM's logging
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        engine = InstrumentedAsyncLLM.from_vllm_config(
+            vllm_config=vllm_config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=[ray_logger, engine_stats_logger(metrics.window.engine)],
+            enable_log_requests=engine_args.enable_log_requests,
+            disable_log_stats=engine_args.disable_log_stats,
+        )
     engine.serving_metrics = metrics
     engine.request_limits = limits
     return engine
