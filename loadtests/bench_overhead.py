@@ -74,6 +74,7 @@ from loadtests.overhead_matrix import (
 )
 from loadtests.overhead_report import markdown
 from loadtests.overhead_servers import (
+    COMPILE_CACHE_HELP,
     BareVllm,
     HeadroomServer,
     Server,
@@ -81,6 +82,7 @@ from loadtests.overhead_servers import (
     app_name_for,
     cpu_seconds,
     parse_variant,
+    set_compile_cache,
 )
 from loadtests.vllm_bench import WORKLOADS, Workload
 from serve_app.config import load_config_files
@@ -171,10 +173,11 @@ class Bench:
     """Servers, client processes and the measurements of one run (the diagnostic uses it too).
 
     args: config source (env/config), out, variant, gpus, concurrent, start_timeout_s, warmup_prompts,
-    rounds, budget_s, ours_at, open_loop, swap_gpus, share_gpu."""
+    rounds, budget_s, ours_at, open_loop, swap_gpus, share_gpu, compile_cache."""
 
     def __init__(self, args: argparse.Namespace, cells: list[Cell]):
         self.args = args
+        set_compile_cache(os.environ, args.compile_cache == "on")
         self.config_files = args.config or [f"configs/{args.env}.yaml"]
         self.cfg = load_config_files(*self.config_files)
         models = resolve_models(self.cfg)
@@ -449,6 +452,7 @@ class Bench:
             "layout": self.layout(),
             "variants": {app_name_for(f"/{n}"): env for n, env in self.variants},
             "serve_env": dict(SERVE_CLUSTER_ENV),
+            "compile_cache": self.args.compile_cache,
             "workloads": {c.workload.name: asdict(c.workload) for c in self.cells},
             "prompts": {f"{c.workload.name} c={c.concurrency}": c.num_prompts for c in self.cells},
             "open_loop_rates": self.args.open_loop,
@@ -579,6 +583,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="read the engines' TTFT and prefix-cache hits and the replica's loop lag around each cell "
         "(headroom's wait for Ray's export)",
     )
+    p.add_argument("--compile-cache", choices=["off", "on"], default="off", help=COMPILE_CACHE_HELP)
     p.add_argument("--start-timeout-s", type=float, default=900)
     p.add_argument("--out", type=Path, default=Path("results/bench_overhead"))
     args = p.parse_args(argv)

@@ -4,7 +4,10 @@ vLLM logs the weights each worker loaded ("Model loading took 15.27 GiB") and th
 what was left ("GPU KV cache size: 794,704 tokens"). A bare `vllm serve` writes both into its own log; a
 headroom replica's engine writes into the replica's Ray worker log, and with tensor parallelism the
 weights line comes from each rank's Ray worker. Each KV line is paired with the weights lines logged since
-the previous KV line of the same log file.
+the previous KV line of the same log file. How the engine got its torch.compile graphs is read the same
+way: compiled in this start ("Compiling a graph for compile range ...") or loaded from the compile cache
+that an earlier engine on the machine wrote ("Directly load the compiled graph(s)", "Directly load AOT
+compilation"). Two engines compared for speed should have got them the same way (loadtests/bench_overhead.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,18 @@ _KV = re.compile(_STAMP + r".*KV cache size: ([\d,]+) tokens")
 _KV_GIB = re.compile(_STAMP + r".*Available KV cache memory: ([\d.]+) GiB")
 _PROFILE = re.compile(_STAMP + r".*Total non KV cache memory: ([\d.]+)GiB; torch peak memory increase: "
                       r"([\d.]+)GiB; non-torch forward increase memory: ([\d.]+)GiB")  # fmt: skip
-_PATTERNS = (("weights", _WEIGHTS), ("kv", _KV), ("kv_gib", _KV_GIB), ("profile", _PROFILE))
+_COMPILED = re.compile(_STAMP + r".*Compiling a graph for compile range")
+_LOADED = re.compile(_STAMP + r".*Directly load (?:the compiled graph|AOT compilation)")
+_PATTERNS = (
+    ("weights", _WEIGHTS),
+    ("kv", _KV),
+    ("kv_gib", _KV_GIB),
+    ("profile", _PROFILE),
+    ("compiled", _COMPILED),
+    ("loaded", _LOADED),
+)
+COMPILED = "compiled"
+LOADED = "loaded from cache"
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,8 @@ class EngineMemory:
     kv_cache_gib: float | None
     activation_peak_gib: float | None
     logged_at: str
+    # COMPILED, LOADED, or None where the log shows neither (eager mode, or a log without those lines).
+    torch_compile: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,9 +88,12 @@ def parse(lines_by_file: dict[str, Iterable[str]], source: str) -> list[EngineMe
             continue
         weights: list[float] = []
         kv_gib = peak = None
+        compile_kinds: set[str] = set()
         for at, kind, values in events:
             if kind == "weights":
                 weights.append(float(values[0]))
+            elif kind in ("compiled", "loaded"):
+                compile_kinds.add(kind)
             elif kind == "kv_gib":
                 kv_gib = float(values[0])
             elif kind == "profile":
@@ -88,9 +107,10 @@ def parse(lines_by_file: dict[str, Iterable[str]], source: str) -> list[EngineMe
                     kv_cache_gib=kv_gib,
                     activation_peak_gib=peak,
                     logged_at=at.strftime("%m-%d %H:%M:%S"),
+                    torch_compile=_compile_source(compile_kinds),
                 )
                 engines.append((at, memory))
-                weights, kv_gib, peak = [], None, None
+                weights, kv_gib, peak, compile_kinds = [], None, None, set()
     engines.sort(key=lambda e: e[0])
     out = []
     for at, memory in engines:
@@ -100,6 +120,13 @@ def parse(lines_by_file: dict[str, Iterable[str]], source: str) -> list[EngineMe
                 memory = replace(memory, weights_gib=earlier[-1])
         out.append(memory)
     return out
+
+
+def _compile_source(kinds: set[str]) -> str | None:
+    # One graph compiled is a compile, even where another came from the cache.
+    if "compiled" in kinds:
+        return COMPILED
+    return LOADED if kinds else None
 
 
 def read_files(paths: Iterable[Path]) -> dict[str, list[str]]:

@@ -118,13 +118,15 @@ def _memory_lines(memory: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [
         "",
-        "| engine | KV tokens predicted | KV tokens logged | error | weights GiB predicted / logged |",
-        "|---|---:|---:|---:|---|",
+        "| engine | KV tokens predicted | KV tokens logged | error | weights GiB predicted / logged "
+        "| torch.compile graphs |",
+        "|---|---:|---:|---:|---|---|",
     ]
     for m in memory:
         lines.append(
             f"| {m['source']} | {m['predicted_kv_cache_tokens']:,} | {m['kv_cache_tokens']:,} | "
-            f"{m['kv_error']:+.2%} | {m['predicted_weights_gib']:.2f} / {m['weights_gib']} |"
+            f"{m['kv_error']:+.2%} | {m['predicted_weights_gib']:.2f} / {m['weights_gib']} | "
+            f"{m.get('torch_compile') or 'not logged'} |"
         )
     return lines
 
@@ -153,6 +155,12 @@ def markdown(report: Mapping[str, Any]) -> str:
             "Variants (headroom apps whose replicas got this environment): "
             + "; ".join(f"{k}: {env}" for k, env in report["variants"].items())
             + "."
+        )
+    cache = report.get("compile_cache")
+    if cache:
+        lines.append(
+            "vLLM's torch.compile cache: "
+            + ("off (every engine compiled its own graphs)." if cache == "off" else "on (vLLM's default).")
         )
     lines += [f"Note: {n}." for n in report["notes"]]
     lines += _workload_sections(report, servers)

@@ -41,6 +41,24 @@ DIRECT_HTTP_PORTS = range(
 )
 
 
+# vLLM's switch for its torch.compile cache (vllm/envs.py; in 0.26-0.33 it gates the AOT artifacts too).
+COMPILE_CACHE_OFF_ENV = "VLLM_DISABLE_COMPILE_CACHE"
+COMPILE_CACHE_HELP = (
+    "vLLM's torch.compile cache for every engine started: 'off' (the default) makes each compile its own "
+    "graphs, so no engine runs graphs loaded from the cache an earlier engine wrote while the other runs "
+    "freshly compiled ones (on 2026-12-04 bare vLLM, started first, compiled and headroom's engine loaded, "
+    "in every GPU overhead run); 'on' is vLLM's default (faster restarts)"
+)
+
+
+def set_compile_cache(environ: dict[str, str] | os._Environ[str], on: bool) -> None:
+    """Every server started from this process (and its Ray cluster) inherits `environ`."""
+    if on:
+        environ.pop(COMPILE_CACHE_OFF_ENV, None)
+    else:
+        environ[COMPILE_CACHE_OFF_ENV] = "1"
+
+
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     """Polls `url` (a server's /v1/models) until it answers 200; fails early when the process exits."""
     deadline = time.monotonic() + timeout_s

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from loadtests import vllm_bench
+from loadtests import engine_logs, vllm_bench
+from loadtests.engine_logs import EngineMemory, compare
 from loadtests.overhead_client import our_prompts
 from loadtests.overhead_matrix import (
     BARE,
@@ -27,7 +28,7 @@ from loadtests.overhead_matrix import (
     targets,
 )
 from loadtests.overhead_report import fmt, markdown
-from loadtests.overhead_servers import ServerProcesses, app_name_for, parse_variant
+from loadtests.overhead_servers import ServerProcesses, app_name_for, parse_variant, set_compile_cache
 from loadtests.vllm_bench import WORKLOADS, Workload
 
 
@@ -398,6 +399,14 @@ def test_markdown_report_has_every_cell_target_and_the_command():
     # client TTFT p50, engine TTFT p50, loop lag (none), prefix-cache hits: median [min, max] over 3 rounds
     assert "| 1 | headroom | 43.0 [42.0, 44.0] | 34.0 [33.0, 35.0] | - | - | 4.0 [3.0, 5.0] |" in text
 
+    # How each engine got its compiled graphs stands beside its memory, and the run's cache setting on top.
+    logged = EngineMemory("vllm serve", 350_000, 15.27, 50.0, 1.2, "12-04 21:40:30", engine_logs.LOADED)
+    report["memory"] = [compare({"kv_cache_tokens": 349_000, "weights_gib": 15.27}, logged)]
+    report["compile_cache"] = "off"
+    text = markdown(report)
+    assert "torch.compile cache: off (every engine compiled its own graphs)" in text
+    assert "| vllm serve | 349,000 | 350,000 | -0.29% | 15.27 / 15.27 | loaded from cache |" in text
+
     # An open-loop run is a section of its own and is not judged by the closed loop's targets.
     opened = [{**x, "client": VLLM_BENCH_OPEN, "ttft_p50_ms": 500.0} for x in ms]
     rows = aggregate(ms + opened, [BARE, HEADROOM])
@@ -427,6 +436,13 @@ def test_bench_command_line_defaults_and_refusals(capsys):
     )
     assert parse_args(["--bare-turnaround-ms", "10", "32.5"]).bare_turnaround_ms == [10.0, 32.5]
     assert args.engine_timing and not parse_args(["--no-engine-timing"]).engine_timing
+    # Both servers' engines compile their own graphs unless asked otherwise; the switch is vLLM's env.
+    assert args.compile_cache == "off" and parse_args(["--compile-cache", "on"]).compile_cache == "on"
+    env = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
+    set_compile_cache(env, on=True)
+    assert env == {}
+    set_compile_cache(env, on=False)
+    assert env == {"VLLM_DISABLE_COMPILE_CACHE": "1"}
     cells = matrix(args)
     assert [(c.workload.name, c.concurrency, c.num_prompts) for c in cells[:2]] == [
         ("random-1024", 1, 10),
