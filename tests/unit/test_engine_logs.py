@@ -26,12 +26,12 @@ def test_how_each_engine_got_its_compiled_graphs():
     """A second engine on the machine loads what the first compiled (the 2026-12-04 overhead runs: bare vLLM
     compiled, headroom's engine loaded); one started again in the same file is read on its own."""
     fresh = [
-        "(EngineCore pid=1) INFO 12-04 21:40:10 [backends.py:393] Compiling a graph for compile range (1, 8192) "
+        "(EngineCore pid=1) INFO 12-04 21:40:10 [b.py:3] Compiling a graph for compile range (1, 8192) "
         "takes 12.23 s",
         "(EngineCore pid=1) INFO 12-04 21:40:30 [kv_cache_utils.py:1] GPU KV cache size: 350,000 tokens",
     ]
     cached = [
-        "(EngineCore pid=2) INFO 12-04 21:42:01 [decorators.py:320] Directly load AOT compilation from path /c",
+        "(EngineCore pid=2) INFO 12-04 21:42:01 [d.py:3] Directly load AOT compilation from path /c",
         "(EngineCore pid=2) INFO 12-04 21:42:02 [backends.py:296] Directly load the compiled graph(s) for "
         "compile range (1, 8192) from the cache, took 1.20 s",
         "(EngineCore pid=2) INFO 12-04 21:42:20 [kv_cache_utils.py:1] GPU KV cache size: 350,016 tokens",
