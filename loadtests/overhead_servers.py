@@ -46,8 +46,8 @@ COMPILE_CACHE_OFF_ENV = "VLLM_DISABLE_COMPILE_CACHE"
 COMPILE_CACHE_HELP = (
     "vLLM's torch.compile cache for every engine started: 'off' (the default) makes each compile its own "
     "graphs, so no engine runs graphs loaded from the cache an earlier engine wrote while the other runs "
-    "freshly compiled ones (on 2026-12-04 bare vLLM, started first, compiled and headroom's engine loaded, "
-    "in every GPU overhead run); 'on' is vLLM's default (faster restarts)"
+    "freshly compiled ones (until 2026-12-05 bare vLLM, started first, mostly compiled and headroom's "
+    "engine loaded: results/gpu/compile_audit.md); 'on' is vLLM's default (faster restarts)"
 )
 
 
