@@ -74,11 +74,11 @@ from loadtests.overhead_matrix import (
 )
 from loadtests.overhead_report import markdown
 from loadtests.overhead_servers import (
-    COMPILE_CACHE_HELP,
     BareVllm,
     HeadroomServer,
     Server,
     ServerProcesses,
+    add_compile_cache_argument,
     app_name_for,
     cpu_seconds,
     parse_variant,
@@ -583,7 +583,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="read the engines' TTFT and prefix-cache hits and the replica's loop lag around each cell "
         "(headroom's wait for Ray's export)",
     )
-    p.add_argument("--compile-cache", choices=["off", "on"], default="off", help=COMPILE_CACHE_HELP)
+    add_compile_cache_argument(p)
     p.add_argument("--start-timeout-s", type=float, default=900)
     p.add_argument("--out", type=Path, default=Path("results/bench_overhead"))
     args = p.parse_args(argv)

@@ -43,7 +43,7 @@ def audit(archive: Path) -> dict[str, Any]:
     """One archive: the compile source of each engine logged, per server, and headroom's paired ratios."""
     bare_logs: dict[str, list[str]] = {}
     ray_logs: dict[str, list[str]] = {}
-    results = None
+    results: dict[str, Any] = {}  # none in a run cut off before its first round
     with tarfile.open(archive) as tar:
         for member in tar.getmembers():
             parts = Path(member.name).parts
@@ -60,7 +60,7 @@ def audit(archive: Path) -> dict[str, Any]:
         HEADROOM: [e.torch_compile for e in engine_logs.parse(ray_logs, HEADROOM)],
     }
     cells = []
-    for row in (results or {}).get("results", []):
+    for row in results.get("results", []):
         paired = row.get("comparison", {}).get(HEADROOM)
         if row.get("client") != "vllm-bench" or not paired:
             continue
@@ -73,10 +73,10 @@ def audit(archive: Path) -> dict[str, Any]:
         )
     return {
         "archive": str(archive),
-        "layout": (results or {}).get("layout"),
+        "layout": results.get("layout"),
         # describe() ends with the GPUs ("..., 1 x NVIDIA H200"): where the runs differ, the cards may.
-        "gpus": str((results or {}).get("machine", "?")).rsplit(", ", 1)[-1],
-        "compile_cache": (results or {}).get("compile_cache", "on (vLLM's default; before the option)"),
+        "gpus": str(results.get("machine", "?")).rsplit(", ", 1)[-1],
+        "compile_cache": results.get("compile_cache", "on (vLLM's default; before the option)"),
         "engines": engines,
         "cells": cells,
     }

@@ -45,7 +45,12 @@ from loadtests import vllm_bench
 from loadtests.bench_overhead import Bench, Cell, Target, stop_on_sigterm, versions
 from loadtests.machine import describe
 from loadtests.overhead_matrix import BARE, HEADROOM, VLLM_BENCH
-from loadtests.overhead_servers import COMPILE_CACHE_HELP, ServerProcesses, cpu_seconds, process_cpu_s
+from loadtests.overhead_servers import (
+    ServerProcesses,
+    add_compile_cache_argument,
+    cpu_seconds,
+    process_cpu_s,
+)
 from loadtests.vllm_bench import WORKLOADS, Workload
 
 HAPROXY_STATS_URL = "http://127.0.0.1:8404/stats;csv"
@@ -565,7 +570,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "memory in the config), started one after another",
     )  # fmt: skip
     p.add_argument("--budget-s", type=float, default=330)
-    p.add_argument("--compile-cache", choices=["off", "on"], default="off", help=COMPILE_CACHE_HELP)
+    add_compile_cache_argument(p)
     p.add_argument("--start-timeout-s", type=float, default=600)
     p.add_argument("--out", type=Path, default=Path("results/diag"))
     args = p.parse_args(argv)

@@ -51,6 +51,11 @@ COMPILE_CACHE_HELP = (
 )
 
 
+def add_compile_cache_argument(p: argparse.ArgumentParser) -> None:
+    """`--compile-cache off|on` (default off), for each command that starts both servers."""
+    p.add_argument("--compile-cache", choices=["off", "on"], default="off", help=COMPILE_CACHE_HELP)
+
+
 def set_compile_cache(environ: dict[str, str] | os._Environ[str], on: bool) -> None:
     """Every server started from this process (and its Ray cluster) inherits `environ`."""
     if on:
