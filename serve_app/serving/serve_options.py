@@ -29,12 +29,15 @@ from serve_app.planning.placement import Plan
 # each worker its own group without this setting; set so the cleanup does not rest on a default). Not
 # Ray's older raylet-subreaper switch: it makes every worker ignore SIGCHLD, the engine core inherits that,
 # and vLLM's usage report (py-cpuinfo) then spins a CPU core forever waiting on a child it can no longer
-# reap (results/gpu/README.md).
+# reap (results/gpu/README.md). The HTTP callback gives each replica's HTTP server headroom's one middleware,
+# which turns off Serve's per-request disconnect watcher (vLLM's handlers watch for disconnects themselves;
+# serving/ingress_middleware.py).
 SERVE_CLUSTER_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_worker_niceness": "0",
     "RAY_process_group_cleanup_enabled": "true",
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve_app.serving.ingress_middleware.middlewares",
 }
 
 # deployment.routing: prefix_affinity (serving/prefix_router.py): HAProxy hands the router the request body
