@@ -2,15 +2,18 @@
 
 A headroom replica serves HTTP through Ray Serve's direct ingress: HAProxy sends each request to the
 replica's own uvicorn server, and Serve wraps the app with its request handling (request metadata, a
-disconnect watcher, ongoing-request accounting, the access log line and its request metrics). `vllm serve`
-runs the same kind of app on uvicorn alone. The app here is a trivial streaming ASGI app (a response start
-and CHUNKS body chunks, no engine), so what differs is Serve's path. Servers:
+disconnect watcher unless turned off, ongoing-request accounting, the access log line and its request
+metrics). `vllm serve` runs the same kind of app on uvicorn alone. The app here is a trivial streaming ASGI
+app (a response start and CHUNKS body chunks, no engine), so what differs is Serve's path. Servers:
 
 - `uvicorn`: the app on uvicorn (uvloop, httptools), as `vllm serve` runs its app;
 - `serve`: the app as a Serve ingress deployment on a local cluster with headroom's settings
-  (SERVE_CLUSTER_ENV: HAProxy, direct ingress, user code on the replica's loop), loaded through HAProxy and
-  at the replica's own port;
-- `serve, no access log`: the same with Serve's access log off (`logging_config.enable_access_log`).
+  (SERVE_CLUSTER_ENV: HAProxy, direct ingress, user code on the replica's loop, no disconnect watcher), loaded
+  through HAProxy and at the replica's own port;
+- `serve, Serve's disconnect watcher`: the same with Serve's per-request disconnect watcher, as Serve runs
+  by default (headroom turns it off: serving/ingress_middleware.py);
+- `serve, no access log`: headroom's settings with Serve's access log off
+  (`logging_config.enable_access_log`).
 
 Measured: the serving process's CPU time per request (user + system, from /proc; HAProxy's own CPU is not
 counted) over N requests at concurrency C, rounds interleaved; median [min, max] over rounds.
@@ -84,6 +87,11 @@ class Trivial:
         return trivial_app(self.chunks)
 
 
+# A replica started with Serve's HTTP callback unset gets no middleware from headroom, so Serve watches each
+# request for the client's disconnect, as it does by default (serving/ingress_middleware.py).
+SERVE_WATCHER = {"env_vars": {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": ""}}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -151,7 +159,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         init_ray_driver(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
                         logging_level="WARNING")  # fmt: skip
         serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
-        apps = {"serve": {}, "serve, no access log": {"logging_config": {"enable_access_log": False}}}
+        apps = {
+            "serve, Serve's disconnect watcher": {"ray_actor_options": {"runtime_env": SERVE_WATCHER}},
+            "serve": {},
+            "serve, no access log": {"logging_config": {"enable_access_log": False}},
+        }
         for i, options in enumerate(apps.values()):
             name = f"trivial{i}"
             deployment = serve.deployment(Trivial).options(
