@@ -100,7 +100,9 @@ def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[st
             lines.append("")
             if client != OUR_CLIENT and any(r[s].get("engine_ttft_p50_ms") for r in rows for s in servers):
                 lines += [
-                    "The first token inside and outside the engine: the client's TTFT beside vLLM's own, "
+                    "The first token inside and outside the engine: the client's TTFT beside vLLM's own "
+                    "(from vLLM's renderer in `vllm serve`; in headroom from the replica's HTTP server, "
+                    "serving/engine.py `arrive_at_http_start`), "
                     "the median over each cell interpolated within vLLM's buckets as Prometheus' "
                     "histogram_quantile does, and how late the replica's event loop woke from a sleep "
                     f"(Ray Serve's probe, every {LOOP_PROBE_INTERVAL_S * 1e3:g} ms, idle seconds between "
