@@ -5,7 +5,7 @@ In a replica's own HTTP server (direct ingress) it marks each request `x-request
 Serve's per-request switch for its disconnect watcher: without it Serve runs the app as a task beside a
 second task that reads the client's messages until the disconnect, and waits on both. vLLM's handlers watch
 for the disconnect themselves (`with_cancellation`) and abort the request in the engine, so the watcher only
-adds two tasks and a queue to every request (about 60 us of the replica's CPU per request on the CPU box,
+adds two tasks and a queue to every request (40-70 us of the replica's CPU per request on the CPU box,
 results/serve_request). Serve's proxy actor (HAProxy's backup when no replica is up) keeps its watcher: it
 is what cancels the request it forwards.
 """
