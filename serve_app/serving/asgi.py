@@ -140,7 +140,7 @@ class ReplicaASGI:
             if method not in route.methods:
                 raise RequestRefused(405, f"{method} is not allowed on {scope['path']}")
             if path in GENERATION_PATHS:
-                await self._timed(scope, receive, send, path)
+                await self._generate(scope, receive, send, path)
             elif method == "POST":
                 body = await self._body(scope, receive)
                 parse_json_body(body)  # only so that a body that is not JSON gets OpenAI's error JSON
@@ -162,29 +162,6 @@ class ReplicaASGI:
                 )
         return await _read_body(receive, limit)
 
-    async def _generate(self, scope, receive, send, path: str) -> None:
-        """A generation request: body, limits and admission checked, then vLLM."""
-        body = await self._body(scope, receive)
-        request = parse_json_body(body)
-        sequences = 1
-        if isinstance(request, Mapping):  # vLLM answers other JSON itself
-            check_limits(request, self.caps)
-            sequences = sequences_asked(request)
-        if self.gate is not None and not self.gate.admit(sequences):
-            self.metrics.request_refused()
-            raise RequestRefused(
-                self.overload_status,
-                f"this replica is at its queue limit ({self.gate.bound} sequences); retry after the "
-                "seconds in the Retry-After header",
-            )
-        token = request_path.set(path)
-        try:
-            await self.app(scope, _replay(body, receive), send)
-        finally:
-            request_path.reset(token)
-            if self.gate is not None:
-                self.gate.release(sequences)
-
     async def _refuse(self, send, refused: RequestRefused) -> None:
         body = openai_error_body(refused.status, refused.message, refused.param)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -199,28 +176,58 @@ class ReplicaASGI:
         await send({"type": "http.response.start", "status": refused.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _timed(self, scope, receive, send, path: str) -> None:
+    async def _generate(self, scope, receive, send, path: str) -> None:
+        """A generation request, timed for headroom's metrics: body, limits and admission checked, then
+        vLLM."""
         started = time.time()
         token = request_started_at.set(started)
         status = 500
+        held = 0  # sequences this request holds at the admission gate
         self.metrics.request_started()
         self.generating += 1
 
         def send_and_watch(message):
             # Runs for every streamed chunk: it hands back send's awaitable instead of awaiting it in a
             # coroutine of its own (one frame less per chunk; the caller awaits it).
-            nonlocal status
+            nonlocal status, held
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif held and not message.get("more_body", False):
+                # The response's last message: the engine has finished its sequences. They leave the gate
+                # before it goes out, so that a client that sends its next request as soon as this one
+                # ends never finds its finished request still counted and is refused for it.
+                self.gate.release(held)
+                held = 0
             return send(message)
 
         try:
-            await self._generate(scope, receive, send_and_watch, path)
+            body = await self._body(scope, receive)
+            request = parse_json_body(body)
+            sequences = 1
+            if isinstance(request, Mapping):  # vLLM answers other JSON itself
+                check_limits(request, self.caps)
+                sequences = sequences_asked(request)
+            if self.gate is not None:
+                if not self.gate.admit(sequences):
+                    self.metrics.request_refused()
+                    raise RequestRefused(
+                        self.overload_status,
+                        f"this replica is at its queue limit ({self.gate.bound} sequences); retry after "
+                        "the seconds in the Retry-After header",
+                    )
+                held = sequences
+            path_token = request_path.set(path)
+            try:
+                await self.app(scope, _replay(body, receive), send_and_watch)
+            finally:
+                request_path.reset(path_token)
         except RequestRefused as refused:
             await self._refuse(send_and_watch, refused)
         except _ClientGone:
             status = 499  # the client left while sending its body (nginx's and Ray's code for it)
         finally:
+            if held:  # no last message went out: an error, or the client left
+                self.gate.release(held)
             self.generating -= 1
             request_started_at.reset(token)
             self.metrics.request_finished(started, status)

@@ -86,6 +86,7 @@ def error_of(body: bytes) -> dict:
 
 
 CHAT = "/v1/chat/completions"
+KEYED = [(b"authorization", b"Bearer key-one")]
 
 # (case, request kwargs, status, param named, whether the app saw it)
 CASES = [
@@ -173,6 +174,52 @@ def test_a_full_queue_refuses_with_retry_after_and_admits_again_once_a_request_e
     assert (report[report_keys.ARRIVAL_RATE_RPS], report[report_keys.REFUSED_RATE_RPS]) == (0.4, 0.1)
 
 
+def test_a_streams_sequences_leave_the_gate_before_its_last_message_goes_out():
+    """A client may send its next request the moment its stream ends; were the finished request still
+    counted then, a replica at its bound would refuse that client for its own request (it did, at the
+    overload drill's safe concurrency)."""
+    app, _ = layer(bound=2)
+
+    async def streaming(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for chunk in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    app.app = streaming
+    admitted_as_sent: list[int] = []
+
+    async def send(message):
+        admitted_as_sent.append(app.gate.admitted)
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "root_path": "", "headers": KEYED}
+    body = iter([{"type": "http.request", "body": b'{"n": 2}', "more_body": False}])
+    run(app(scope, lambda: asyncio.sleep(0, next(body)), send))
+    assert admitted_as_sent == [2, 2, 2, 0] and app.gate.admitted == 0
+
+
+def test_a_request_that_fails_before_its_last_message_leaves_the_gate_once():
+    app, _ = layer(bound=2)
+
+    async def failing(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        raise RuntimeError("engine died mid-stream")
+
+    app.app = failing
+
+    async def send(message):
+        pass
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "root_path": "", "headers": KEYED}
+    body = iter([{"type": "http.request", "body": b"{}", "more_body": False}])
+    with pytest.raises(RuntimeError):
+        run(app(scope, lambda: asyncio.sleep(0, next(body)), send))
+    assert app.gate.admitted == 0 and app.generating == 0
+
+
 def test_a_client_that_leaves_while_sending_its_body_gets_no_answer_and_the_app_no_call():
     app, inner = layer()
     messages = [
@@ -187,12 +234,6 @@ def test_a_client_that_leaves_while_sending_its_body_gets_no_answer_and_the_app_
     async def send(message):
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": CHAT,
-        "root_path": "",
-        "headers": [(b"authorization", b"Bearer key-one")],
-    }
+    scope = {"type": "http", "method": "POST", "path": CHAT, "root_path": "", "headers": KEYED}
     run(app(scope, receive, send))
     assert sent == [] and inner.calls == [] and app.generating == 0
