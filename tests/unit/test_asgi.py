@@ -48,8 +48,9 @@ def layer(security=SECURITY, keys=KEYS, bound=None) -> tuple[ReplicaASGI, StandI
     return ReplicaASGI(inner, metrics, security, keys, bound), inner
 
 
-async def call(app, method, path, body=b"", headers=(), chunks=None, key="key-one"):
-    """Sends one request; returns (status, headers, body, how many times the layer called receive)."""
+async def call(app, method, path, body=b"", headers=(), chunks=None, key="key-one", on_send=None):
+    """Sends one request; returns (status, headers, body, how many times the layer called receive).
+    `on_send(message)` runs as each message is sent."""
     pieces = list(chunks) if chunks is not None else [body]
     hdrs = [(k.encode(), v.encode()) for k, v in headers]
     if key is not None:
@@ -70,6 +71,8 @@ async def call(app, method, path, body=b"", headers=(), chunks=None, key="key-on
 
     async def send(message):
         sent.append(message)
+        if on_send is not None:
+            on_send(message)
 
     await app(scope, receive, send)
     start = next(m for m in sent if m["type"] == "http.response.start")
@@ -86,7 +89,6 @@ def error_of(body: bytes) -> dict:
 
 
 CHAT = "/v1/chat/completions"
-KEYED = [(b"authorization", b"Bearer key-one")]
 
 # (case, request kwargs, status, param named, whether the app saw it)
 CASES = [
@@ -174,7 +176,7 @@ def test_a_full_queue_refuses_with_retry_after_and_admits_again_once_a_request_e
     assert (report[report_keys.ARRIVAL_RATE_RPS], report[report_keys.REFUSED_RATE_RPS]) == (0.4, 0.1)
 
 
-def test_a_streams_sequences_leave_the_gate_before_its_last_message_goes_out():
+def test_a_stream_frees_its_sequences_before_its_last_message_goes_out():
     """A client may send its next request the moment its stream ends; were the finished request still
     counted then, a replica at its bound would refuse that client for its own request (it did, at the
     overload drill's safe concurrency)."""
@@ -189,17 +191,11 @@ def test_a_streams_sequences_leave_the_gate_before_its_last_message_goes_out():
 
     app.app = streaming
     admitted_as_sent: list[int] = []
-
-    async def send(message):
-        admitted_as_sent.append(app.gate.admitted)
-
-    scope = {"type": "http", "method": "POST", "path": CHAT, "root_path": "", "headers": KEYED}
-    body = iter([{"type": "http.request", "body": b'{"n": 2}', "more_body": False}])
-    run(app(scope, lambda: asyncio.sleep(0, next(body)), send))
+    run(call(app, "POST", CHAT, b'{"n": 2}', on_send=lambda _: admitted_as_sent.append(app.gate.admitted)))
     assert admitted_as_sent == [2, 2, 2, 0] and app.gate.admitted == 0
 
 
-def test_a_request_that_fails_before_its_last_message_leaves_the_gate_once():
+def test_a_request_that_fails_before_its_last_message_frees_its_sequences_once():
     app, _ = layer(bound=2)
 
     async def failing(scope, receive, send):
@@ -209,14 +205,8 @@ def test_a_request_that_fails_before_its_last_message_leaves_the_gate_once():
         raise RuntimeError("engine died mid-stream")
 
     app.app = failing
-
-    async def send(message):
-        pass
-
-    scope = {"type": "http", "method": "POST", "path": CHAT, "root_path": "", "headers": KEYED}
-    body = iter([{"type": "http.request", "body": b"{}", "more_body": False}])
     with pytest.raises(RuntimeError):
-        run(app(scope, lambda: asyncio.sleep(0, next(body)), send))
+        run(call(app, "POST", CHAT, b"{}"))
     assert app.gate.admitted == 0 and app.generating == 0
 
 
@@ -234,6 +224,12 @@ def test_a_client_that_leaves_while_sending_its_body_gets_no_answer_and_the_app_
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": CHAT, "root_path": "", "headers": KEYED}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": CHAT,
+        "root_path": "",
+        "headers": [(b"authorization", b"Bearer key-one")],
+    }
     run(app(scope, receive, send))
     assert sent == [] and inner.calls == [] and app.generating == 0
