@@ -36,7 +36,7 @@ from autoscale.calibration import DEFAULT_CALIBRATION, EngineCost, EngineLimits,
 from autoscale.replica_engine import ReplicaEngine, Requests
 from autoscale.replica_stats import ReplicaStatsWindow
 
-__all__ = ["Point", "fit", "main", "replay_point"]
+__all__ = ["Point", "fit", "main", "point_from_vllm_bench_result", "replay_point"]
 
 FITTED = ("step_ms", "prefill_ms_per_token", "decode_ms_per_seq", "request_overhead_ms")
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s")
@@ -149,12 +149,16 @@ def points_from_ladder(path: str, prompt_tokens: int) -> list[Point]:
 
 def point_from_vllm_bench(path: str) -> Point:
     """One `vllm bench serve --save-result` run (closed loop at --max-concurrency) as a point."""
-    d = json.loads(Path(path).read_text())
+    return point_from_vllm_bench_result(json.loads(Path(path).read_text()), path)
+
+
+def point_from_vllm_bench_result(d: Mapping[str, Any], source: str) -> Point:
+    """:func:`point_from_vllm_bench` from the saved result's contents."""
     done = int(d["completed"])
     c = int(d["max_concurrency"])
     return Point(
         label=f"vllm bench c={c}, {d['total_input_tokens'] / done:.0f}/{d['total_output_tokens'] / done:.0f}",
-        source=path,
+        source=source,
         concurrency=c,
         prompt_tokens=round(d["total_input_tokens"] / done),
         output_tokens=round(d["total_output_tokens"] / done),

@@ -18,15 +18,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from serve_app.config import HeadroomConfig
 from serve_app.config.loading import load_config_files
 from serve_app.planning.from_config import cluster_spec, plan_config, require_fit
 
 
 def deployment_inputs(config_paths: Sequence[str], gpus: int, nodes: int) -> dict[str, Any]:
-    """The settings, TTFT target and per-replica engine limits of the config's plan."""
+    """The settings, TTFT target and per-replica engine limits of the config files' plan."""
     cfg = load_config_files(*config_paths)
+    return {
+        "configs": list(config_paths),
+        "command": f"python -m loadtests.autoscale_inputs {' '.join(config_paths)} --gpus {gpus} "
+        f"--nodes {nodes}",
+        **inputs_of(cfg, gpus, nodes, " + ".join(config_paths)),
+    }
+
+
+def inputs_of(cfg: HeadroomConfig, gpus: int, nodes: int, source: str) -> dict[str, Any]:
+    """What :func:`deployment_inputs` writes, for a config already loaded (``source`` names it)."""
     if cfg.deployment.autoscaling is None:
-        raise SystemExit(f"{' + '.join(config_paths)}: deployment.autoscaling is not set")
+        raise SystemExit(f"{source}: deployment.autoscaling is not set")
     plan = plan_config(cfg, cluster_spec(cfg, nodes=nodes, gpus_per_node=gpus))
     require_fit(plan)
     overload = cfg.security.overload
@@ -38,9 +49,6 @@ def deployment_inputs(config_paths: Sequence[str], gpus: int, nodes: int) -> dic
         else overload.admission_bound(plan.max_num_seqs)
     )
     return {
-        "configs": list(config_paths),
-        "command": f"python -m loadtests.autoscale_inputs {' '.join(config_paths)} --gpus {gpus} "
-        f"--nodes {nodes}",
         "ttft_target_ms": cfg.slo.ttft_p95_ms,
         "max_model_len": cfg.model.max_model_len,
         "autoscaling": cfg.deployment.autoscaling.model_dump(mode="json"),

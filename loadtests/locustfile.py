@@ -64,8 +64,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+import gevent
 import requests
 from locust import HttpUser, events, task
+from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
@@ -296,6 +298,17 @@ def _on_init(environment: Any, **_: Any) -> None:
 def _on_test_start(environment: Any, **_: Any) -> None:
     if RUN.active or isinstance(environment.runner, MasterRunner):
         return
+    try:
+        _start_run(environment)
+    except Exception as e:  # noqa: BLE001 (any failure: no run state)
+        # Without its run state each user would run a closed loop of the default workload, another test
+        # than the one asked for (Locust only logs a listener's exception): no user starts, the run ends.
+        log.error("the run could not start, stopping with no request sent: %s: %s", type(e).__name__, e)
+        environment.process_exit_code = 1
+        gevent.spawn(environment.runner.quit)
+
+
+def _start_run(environment: Any) -> None:
     options = environment.parsed_options
     headers = _headers(options)
     RUN.id = f"{time.strftime('%Y%m%dT%H%M%S')}-{options.profile}-s{options.seed}"
@@ -383,6 +396,8 @@ class LLMUser(HttpUser):
         )
         self.seq = 0
         self.slot: _Slot | None = None
+        if not RUN.active:  # the run did not start (_on_test_start): send nothing
+            raise StopUser()
 
     def wait_time(self) -> float:
         clock = RUN.clock

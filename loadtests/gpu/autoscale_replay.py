@@ -3,22 +3,27 @@ max --max-replicas, one per GPU), and the simulator's prediction for the same ar
 
     python -m loadtests.gpu.autoscale_replay --out OUT [--max-replicas N] [--config ...] [--predict-only]
 
-1. The trace: the --duration-s of the synthetic production-format trace (autoscale/scenarios.py) with the
+1. The calibration (`--calibrate-at`, on by default): once the first replica serves, `vllm bench serve`
+   closed loops at a few concurrencies (random --prompt-tokens/--max-tokens, EOS ignored) are fitted into
+   the simulator's step costs (autoscale/calibrate.py), so the prediction is for this machine's GPU, not
+   the committed calibration's (which is also reported, for the same arrivals).
+2. The trace: the --duration-s of the synthetic production-format trace (autoscale/scenarios.py) with the
    highest peak against its mean, peaking in its middle third, arrivals per 10 s as open-loop rate steps,
    scaled so its peak needs --peak-replicas (default 0.55 x --max-replicas, at least 0.9) replicas of the
    simulated capacity for --prompt-tokens/--max-tokens. With one GPU (max 1) nothing scales: the run then
    checks the simulator's latency model alone, one replica loaded up to 0.9 of its capacity.
-2. The run: Ray Serve with the policy as configs/prod.yaml sets it (min 1, max --max-replicas); Locust's
+3. The run: Ray Serve with the policy as configs/prod.yaml sets it (min 1, max --max-replicas); Locust's
    open-loop shape (loadtests/shapes.py: the same arrival schedule for the same seed) sends the requests,
-   random prompts of --prompt-tokens and exactly --max-tokens output (ignore_eos); Serve's replica states
-   are polled each second.
-3. The comparison: TTFT attainment (requests with TTFT within slo.ttft_p95_ms, failures missed) and
+   random prompts of --prompt-tokens (words per token measured with the server's /tokenize) and exactly
+   --max-tokens output (ignore_eos), no retries; Serve's replica states are polled each second.
+4. The comparison: TTFT attainment (requests with TTFT within slo.ttft_p95_ms, failures missed) and
    replica-seconds over the trace, measured and simulated on the same arrivals (workloads.arrival_times),
    with the configured start-up and with the start-up this run measured.
 
 Writes autoscale_replay.json (first with the prediction alone, so a run cut short still leaves it) and
-report.md. One 10-minute `device` call (`bash loadtests/gpu/run.sh replay`: max replicas = the machine's
-GPUs; nvidia-h200-x2 for the policy to scale); with a cold compile cache the first replica takes ~4 minutes.
+report.md. `bash loadtests/gpu/run.sh replay` (max replicas = the machine's GPUs; nvidia-h200-x2 or larger
+for the policy to scale); with a cold compile cache the first replica takes ~4 minutes, so run it detached
+(`run.sh start replay`, then `wait`).
 """
 
 from __future__ import annotations
@@ -29,25 +34,27 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from autoscale.calibration import EngineLimits, load_calibration
-from autoscale.experiment import Deployment
+from autoscale.calibrate import fit, point_from_vllm_bench_result, replay_point
+from autoscale.experiment import Deployment, deployment_from
 from autoscale.inputs import PolicyConfig
 from autoscale.scenarios import PRODUCTION_CSV, production_format_csv
 from autoscale.sim import HeadroomPolicy, StaticPolicy, simulate
 from autoscale.workload import RequestTrace, read_trace_csv
-from loadtests import raw_stats, workloads
+from loadtests import raw_stats, vllm_bench, workloads
+from loadtests.autoscale_inputs import inputs_of
 from loadtests.gpu.scale import APP, ReplicaWatch, autoscaler_log_lines, variant
 from serve_app.config import HeadroomConfig, load_config_files
-from serve_app.planning.from_config import cluster_spec, plan_config
 from serve_app.serving.serve_options import apply_cluster_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN_S = 10.0
+URL = "http://127.0.0.1:8000"
 
 
 def window_rates(duration_s: float) -> np.ndarray:
@@ -67,14 +74,20 @@ def window_rates(duration_s: float) -> np.ndarray:
 
 
 def one_replica_capacity(dep: Deployment, prompt: int, output: int) -> float:
-    """Highest rate (0.5 rps steps) one simulated replica serves with 99% of TTFTs within the target."""
-    rate = 1.0
-    while True:
-        trace = fixed_trace(list(np.arange(0.0, 120.0, 1.0 / (rate + 0.5))), prompt, output, 120.0)
-        r = simulate(trace, StaticPolicy(1), dep.setup(0, 1))
-        if r.attainment < 0.99:
-            return rate
-        rate += 0.5
+    """Highest rate on a 0.5 rps grid (from 1) at which one simulated replica keeps 99% of TTFTs within
+    the target over 120 s; found by doubling, then bisection (attainment falls as the rate grows)."""
+
+    def holds(rate: float) -> bool:
+        trace = fixed_trace(list(np.arange(0.0, 120.0, 1.0 / rate)), prompt, output, 120.0)
+        return simulate(trace, StaticPolicy(1), dep.setup(0, 1)).attainment >= 0.99
+
+    lo, hi = 2, 4  # in half requests per second: lo holds (or is the floor), hi does not
+    while holds(hi / 2):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if holds(mid / 2) else (lo, mid)
+    return lo / 2
 
 
 def fixed_trace(arrivals: list[float], prompt: int, output: int, duration_s: float) -> RequestTrace:
@@ -86,6 +99,33 @@ def steps_spec(rates: np.ndarray) -> str:
     return ",".join(f"{r:.2f}:{BIN_S:g}" for r in rates)
 
 
+@dataclass(frozen=True)
+class Load:
+    """The trace window scaled to the deployment's simulated capacity, as Locust's rate steps."""
+
+    capacity_rps: float
+    peak_rps: float
+    steps: str
+    arrivals: list[float]
+
+    @classmethod
+    def scaled(
+        cls, dep: Deployment, window: np.ndarray, peak_replicas: float, args: argparse.Namespace
+    ) -> Load:
+        capacity = one_replica_capacity(dep, args.prompt_tokens, args.max_tokens)
+        rates = window * (peak_replicas * capacity / window.max())
+        steps = steps_spec(rates)
+        arrivals = [a.at_s for a in workloads.arrival_times(workloads.parse_steps(steps), seed=args.seed)]
+        return cls(capacity, float(rates.max()), steps, arrivals)
+
+    def describe(self, args: argparse.Namespace) -> str:
+        return (
+            f"{args.duration_s:.0f} s of the SYNTHETIC production-format trace, {len(self.arrivals)} "
+            f"requests of {args.prompt_tokens}/{args.max_tokens} tokens, peak {self.peak_rps:.1f} rps "
+            f"(one simulated replica: {self.capacity_rps:.1f})"
+        )
+
+
 def predict(
     dep: Deployment, arrivals: list[float], args: argparse.Namespace, startup_s: float
 ) -> dict[str, Any]:
@@ -93,6 +133,7 @@ def predict(
     config = PolicyConfig(dep.settings, dep.ttft_target_ms, dep.limits.max_num_seqs)
     result = simulate(trace, HeadroomPolicy(config), dep.setup(args.seed, 1, startup_s=startup_s))
     return {
+        "calibration": dep.calibration,
         "startup_s": startup_s,
         "attainment": result.attainment,
         "replica_seconds": result.replica_hours * 3600,
@@ -100,19 +141,12 @@ def predict(
     }
 
 
-def deployment_for(cfg: HeadroomConfig) -> Deployment:
-    """The simulator's view of the GPU config: its plan's limits, the calibration, its policy settings."""
-    assert cfg.deployment.autoscaling is not None
-    plan = plan_config(cfg, cluster_spec(cfg, gpus_per_node=2))
-    limits = EngineLimits(
-        plan.max_num_seqs,
-        plan.max_num_batched_tokens,
-        plan.kv_cache_tokens_per_replica,
-        cfg.deployment.max_ongoing_requests,
-    )
-    return Deployment(
-        cfg.deployment.autoscaling, cfg.slo.ttft_p95_ms, limits, load_calibration().cost, "default"
-    )
+def deployment_for(cfg: HeadroomConfig, gpus: int) -> Deployment:
+    """The simulator's view of the replay's config: its plan's limits and admission on one node of `gpus`
+    GPUs (loadtests/autoscale_inputs.py, as the autoscaling benchmark gets them), the committed calibration.
+    Locust sends a refused request once, so the simulated client does not retry either."""
+    dep = deployment_from(inputs_of(cfg, gpus, 1, "the replay's config"))
+    return replace(dep, admission=replace(dep.admission, client_retries=0))
 
 
 def replay_config(base: HeadroomConfig, max_replicas: int) -> HeadroomConfig:
@@ -124,12 +158,54 @@ def replay_config(base: HeadroomConfig, max_replicas: int) -> HeadroomConfig:
         "max_replicas": max_replicas,
         "initial_replicas": None,
     }
-    return variant(base, {"name": APP, "deployment": {"num_replicas": None, "autoscaling": settings}})
+    overlay = {
+        "name": APP,
+        "deployment": {"num_replicas": None, "autoscaling": settings},
+        # Locust's --tokens-per-word auto measures the prompts with the server's /tokenize.
+        "security": {"optional_routes": sorted({*base.security.optional_routes, "tokenize"})},
+    }
+    return variant(base, overlay)
 
 
-def locust(
-    url: str, model: str, steps: str, args: argparse.Namespace, raw: Path
-) -> subprocess.CompletedProcess[bytes]:
+def parse_cells(spec: str) -> list[tuple[int, int]]:
+    """'C:N,...' (concurrency : prompts, both at least 1) as pairs; '' for none."""
+    cells = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        c, _, n = part.partition(":")
+        if not (c.isdigit() and n.isdigit() and int(c) >= 1 and int(n) >= 1):
+            raise SystemExit(
+                f"--calibrate-at {spec!r}: expected CONCURRENCY:PROMPTS,... with whole numbers >= 1, "
+                "e.g. 1:16,64:320, or '' for none"
+            )
+        cells.append((int(c), int(n)))
+    return cells
+
+
+def calibrate(
+    dep: Deployment, tokenizer: str, model: str, args: argparse.Namespace
+) -> tuple[Deployment, dict[str, Any]]:
+    """The step costs fitted to closed loops on the serving replica (`vllm bench serve`), starting from
+    the committed calibration; the deployment with them, and the points with what the fit replays."""
+    work = args.out / "calibration"
+    work.mkdir(parents=True, exist_ok=True)
+    shape = vllm_bench.Workload("replay", args.prompt_tokens, args.max_tokens)
+
+    def bench(c: int, n: int, seed: int, name: str) -> dict[str, Any]:
+        argv = vllm_bench.bench_args(URL, model, tokenizer, shape, c, n, seed, str(work), name)
+        return vllm_bench.run(argv)
+
+    bench(8, 16, args.seed + 100, "warmup.json")  # first requests of a fresh engine: not a point
+    points = [
+        point_from_vllm_bench_result(bench(c, n, args.seed + 101 + i, f"c{c}.json"), f"calibration/c{c}.json")
+        for i, (c, n) in enumerate(parse_cells(args.calibrate_at))
+    ]
+    cost = fit(points, dep.cost, dep.limits)
+    fitted = replace(dep, cost=cost, calibration="fitted to this run's vllm bench serve closed loops")
+    rows = [{**asdict(p), "simulated": replay_point(p, cost, dep.limits)} for p in points]
+    return fitted, {"cost": asdict(cost), "points": rows, "committed_cost": asdict(dep.cost)}
+
+
+def locust(model: str, steps: str, args: argparse.Namespace, raw: Path) -> subprocess.CompletedProcess[bytes]:
     cmd = [
         sys.executable,
         "-m",
@@ -139,7 +215,7 @@ def locust(
         "--headless",
         "--only-summary",
         "--host",
-        url,
+        URL,
         "--model",
         model,
         "--api",
@@ -182,11 +258,13 @@ def measured(
         None,
     )
     running = next((t for t, s in samples if t >= load_t0 and s.get("RUNNING", 0) >= 2), None)
+    prompt_tokens = [r["prompt_tokens"] for r in ok if r.get("prompt_tokens")]
     return {
         "requests": len(records),
         "failed": len(records) - len(ok),
         # No request recorded is a failed measurement, not 100%: None, and the report says so.
         "attainment": under / len(records) if records else None,
+        "prompt_tokens_mean": float(np.mean(prompt_tokens)) if prompt_tokens else None,
         "replica_seconds": float(sum(alive)),
         "second_replica_asked_s": None if asked is None else asked - load_t0,
         "second_replica_running_s": None if running is None else running - load_t0,
@@ -195,10 +273,20 @@ def measured(
     }
 
 
-def run_on_gpus(cfg: HeadroomConfig, steps: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_on_gpus(
+    cfg: HeadroomConfig,
+    dep: Deployment,
+    window: np.ndarray,
+    peak_replicas: float,
+    args: argparse.Namespace,
+    result: dict[str, Any],
+) -> tuple[Deployment, list[float]]:
+    """Deploys, calibrates, puts the load, the predictions and the measurement into `result`; returns the
+    deployment the prediction used (fitted here or committed) and the arrivals."""
     import ray
     from ray import serve
 
+    from serve_app.models.resolve import resolve_models
     from serve_app.serving.deployment import build_from_config
     from serve_app.serving.driver import init_ray_driver
 
@@ -206,24 +294,60 @@ def run_on_gpus(cfg: HeadroomConfig, steps: str, args: argparse.Namespace) -> di
     init_ray_driver(logging_level="WARNING", log_to_driver=False)  # Locust's exit code counts
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     raw = args.out / "raw.jsonl"
+    raw.unlink(missing_ok=True)
+    model = cfg.served_model_name
     try:
         t0 = time.monotonic()
         watch = ReplicaWatch(t0)
         watch.start()
         serve.run(build_from_config(cfg), name=APP, route_prefix="/")
         ready_s = time.monotonic() - t0
+        committed = None
+        if parse_cells(args.calibrate_at):
+            tokenizer = cfg.model.tokenizer or resolve_models(cfg).model_path
+            committed, (dep, result["calibration"]) = dep, calibrate(dep, str(tokenizer), model, args)
+        arrivals = plan_and_predict(dep, committed, window, peak_replicas, args, result)
         load_t0 = time.monotonic() - t0
-        proc = locust("http://127.0.0.1:8000", cfg.served_model_name, steps, args, raw)
+        proc = locust(model, result["arrival_rate_steps"], args, raw)
         watch.stop()
         records = raw_stats.load_records(raw) if raw.exists() else []
         out = measured(records, watch.samples, load_t0, args, cfg.slo.ttft_p95_ms)
         out.update(first_replica_ready_s=ready_s, locust_rc=proc.returncode, replica_states=watch.samples)
         out["locust_tail"] = proc.stderr.decode(errors="replace")[-2000:]
         out["autoscaler_log"] = autoscaler_log_lines()
-        return out
+        result["measured"] = out
+        return dep, arrivals
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def plan_and_predict(
+    dep: Deployment,
+    committed: Deployment | None,
+    window: np.ndarray,
+    peak_replicas: float,
+    args: argparse.Namespace,
+    result: dict[str, Any],
+) -> list[float]:
+    """The load scaled to `dep`'s capacity and its prediction into `result`, written at once (a run cut
+    short keeps them); with `committed` (dep was fitted here), its prediction for the same arrivals too.
+    Returns the arrivals."""
+    load = Load.scaled(dep, window, peak_replicas, args)
+    startup = dep.settings.replica_startup_s
+    result.update(
+        trace=load.describe(args),
+        arrival_rate_steps=load.steps,
+        predicted_configured_startup=predict(dep, load.arrivals, args, startup),
+    )
+    if committed is not None:
+        result["predicted_committed_calibration"] = predict(committed, load.arrivals, args, startup)
+    write(result, args.out)
+    return load.arrivals
+
+
+def write(result: dict[str, Any], out: Path) -> None:
+    (out / "autoscale_replay.json").write_text(json.dumps(result, indent=2, default=str))
 
 
 def _percent(value: float | None) -> str:
@@ -231,36 +355,55 @@ def _percent(value: float | None) -> str:
 
 
 def report(result: dict[str, Any]) -> str:
-    m, p, q = (
-        result["measured"],
-        result["predicted_configured_startup"],
-        result.get("predicted_measured_startup"),
-    )
-    rows = [("measured on the GPUs", m), ("simulated, configured start-up", p)] + (
-        [("simulated, measured start-up", q)] if q else []
-    )
+    m = result["measured"]
+    rows = [
+        ("measured on the GPUs", m),
+        ("simulated, configured start-up", result["predicted_configured_startup"]),
+        ("simulated, measured start-up", result.get("predicted_measured_startup")),
+        ("simulated with the committed calibration", result.get("predicted_committed_calibration")),
+    ]
+    cal = result.get("calibration")
     lines = [
-        "# Autoscaling replay: simulator against H200s",
+        "# Autoscaling replay: simulator against the GPUs",
         "",
         f"Trace: {result['trace']}. Policy: configs/prod.yaml's settings, min 1 / max "
-        f"{result['max_replicas']} replicas; "
-        f"TTFT target {result['ttft_target_ms']:.0f} ms. Command: `{result['command']}`.",
+        f"{result['max_replicas']} replicas; TTFT target {result['ttft_target_ms']:.0f} ms. Command: "
+        f"`{result['command']}`. Measured: {m['requests']} requests, {m['failed']} failed, prompts "
+        f"{m['prompt_tokens_mean'] or 0:.0f} tokens on average, {100 * (m['late_fraction'] or 0):.1f}% sent "
+        "late by the client.",
         "",
-        "| | TTFT within target | replica-seconds | start-up s |",
-        "|---|---:|---:|---:|",
+        "| | TTFT within target | replica-seconds | start-up s | calibration |",
+        "|---|---:|---:|---:|---|",
         *[
             f"| {name} | {_percent(r['attainment'])} | {r['replica_seconds']:.0f} | "
-            f"{r.get('startup_s') or '-'} |"
+            f"{r.get('startup_s') or '-'} | {r.get('calibration', '-')} |"
             for name, r in rows
+            if r
         ],
         "",
-        "Attainment difference (simulated at the measured start-up minus measured): "
+        "Attainment difference (simulated at the measured start-up, else the configured one, minus "
+        "measured): "
         + (
             f"{result['attainment_gap_pp']} pp (target: within 2 pp)."
             if result["attainment_gap_pp"] is not None
             else "not measured: the load generator recorded no request (see locust_tail in the JSON)."
         ),
     ]
+    if cal:
+        lines += [
+            "",
+            "Calibration on this machine (`vllm bench serve` closed loops on the replica, fitted from the "
+            f"committed step costs {cal['committed_cost']}): {cal['cost']}",
+            "",
+            "| point | TTFT p50 ms | sim | TPOT p50 ms | sim | output tok/s | sim |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            *[
+                f"| {p['label']} | {p['ttft_p50_ms']:.1f} | {p['simulated']['ttft_p50_ms']:.1f} | "
+                f"{p['tpot_p50_ms']:.2f} | {p['simulated']['tpot_p50_ms']:.2f} | "
+                f"{p['output_tokens_per_s']:.0f} | {p['simulated']['output_tokens_per_s']:.0f} |"
+                for p in cal["points"]
+            ],
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -278,33 +421,32 @@ def main() -> None:
         default=None,
         help="the trace's peak in simulated replicas; default 0.55 x max, at least 0.9",
     )
+    ap.add_argument(
+        "--calibrate-at",
+        default="1:16,16:128,64:320,128:384",
+        help="closed loops CONCURRENCY:PROMPTS,... fitted on the replica before the replay; '' for the "
+        "committed calibration",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--predict-only", action="store_true", help="no GPUs: the trace and the prediction")
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
     if args.max_replicas < 1:
         ap.error(f"--max-replicas must be at least 1, got {args.max_replicas}")
+    parse_cells(args.calibrate_at)
+    args.out.mkdir(parents=True, exist_ok=True)
     peak_replicas = max(0.9, 0.55 * args.max_replicas) if args.peak_replicas is None else args.peak_replicas
     cfg = replay_config(load_config_files(*args.config), args.max_replicas)
-    dep = deployment_for(cfg)
-    rates = window_rates(args.duration_s)
-    capacity = one_replica_capacity(dep, args.prompt_tokens, args.max_tokens)
-    rates = rates * (peak_replicas * capacity / rates.max())
-    steps = steps_spec(rates)
-    arrivals = [a.at_s for a in workloads.arrival_times(workloads.parse_steps(steps), seed=args.seed)]
+    dep = deployment_for(cfg, args.max_replicas)
+    window = window_rates(args.duration_s)
     result: dict[str, Any] = {
         "command": " ".join(["python -m loadtests.gpu.autoscale_replay", *sys.argv[1:]]),
-        "trace": f"{args.duration_s:.0f} s of the SYNTHETIC production-format trace, {len(arrivals)} "
-        f"requests of {args.prompt_tokens}/{args.max_tokens} tokens, peak {rates.max():.1f} rps (one "
-        f"simulated replica: {capacity:.1f})",
         "ttft_target_ms": dep.ttft_target_ms,
         "max_replicas": args.max_replicas,
-        "arrival_rate_steps": steps,
-        "predicted_configured_startup": predict(dep, arrivals, args, dep.settings.replica_startup_s),
     }
-    (args.out / "autoscale_replay.json").write_text(json.dumps(result, indent=2, default=str))
-    if not args.predict_only:
-        result["measured"] = run_on_gpus(cfg, steps, args)
+    if args.predict_only:
+        plan_and_predict(dep, None, window, peak_replicas, args, result)
+    else:
+        dep, arrivals = run_on_gpus(cfg, dep, window, peak_replicas, args, result)
         startup = result["measured"]["startup_s"]
         if startup is not None:
             result["predicted_measured_startup"] = predict(dep, arrivals, args, startup)
@@ -312,7 +454,7 @@ def main() -> None:
         got = result["measured"]["attainment"]
         result["attainment_gap_pp"] = None if got is None else round(100 * (sim["attainment"] - got), 2)
         (args.out / "report.md").write_text(report(result))
-        (args.out / "autoscale_replay.json").write_text(json.dumps(result, indent=2, default=str))
+        write(result, args.out)
     print(json.dumps({k: v for k, v in result.items() if k != "measured"}, indent=2, default=str)[:3000])
 
 

@@ -157,11 +157,12 @@ import LADDER_CLUSTER_ENV as l; print(' '.join(f'{k}={v}' for k, v in {**e, **l}
     tail -40 "$work/report.md" 2>/dev/null || tail -40 "$work/bench_routing.log"
     ;;
   replay)
+    # shellcheck disable=SC2086  # REPLAY_ARGS: extra autoscale_replay flags, a word list
     # The policy on, min 1 / max one replica per GPU; cut at REPLAY_TIMEOUT_S so the archive is still packed
     # (the prediction is written first).
     timeout -s TERM "${REPLAY_TIMEOUT_S:-520}" python3 -m loadtests.gpu.autoscale_replay --config "${config[@]}" \
       --out "$work" --duration-s "${REPLAY_S:-180}" --max-replicas "${REPLAY_MAX_REPLICAS:-$gpus}" \
-      > "$work/replay.log" 2>&1 || true
+      ${REPLAY_ARGS:-} > "$work/replay.log" 2>&1 || true
     ray stop --force >/dev/null 2>&1 || true  # a run cut by the timeout leaves its cluster up
     tail -40 "$work/report.md" 2>/dev/null || tail -40 "$work/replay.log"
     ;;

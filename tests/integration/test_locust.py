@@ -224,6 +224,23 @@ def test_open_loop_sends_on_the_seeded_schedule(fake_server, tmp_path):
     assert percentile([r["send_lag_s"] for r in records], 90) < 0.1
 
 
+def test_a_run_that_cannot_start_sends_nothing_and_fails(fake_server, tmp_path):
+    """--tokens-per-word auto asks the server's /tokenize, which the fake server does not serve (nor does
+    headroom's without security.optional_routes: [tokenize]). Locust only logs a failing test_start
+    listener; the users must not fall back to a closed loop of the default workload (a GPU replay once
+    sent 216,112 such requests for a 4,600-request trace): no request, exit code 1, at once."""
+    raw = tmp_path / "raw.jsonl"
+    flags = {"--arrival-rate": "8:30", "--tokens-per-word": "auto", "-t": "60s"}
+    started = time.monotonic()
+    proc = subprocess.run(
+        locust_command(fake_server, "fake", raw, flags), cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "the run could not start" in proc.stderr, proc.stderr[-3000:]
+    assert not raw.exists() or load_records(raw) == []
+    assert time.monotonic() - started < 30, "the run went on after failing to start"
+
+
 # --------------------------------------------------------------------------------------------------------
 # 2. The real server: the same requests as its Prometheus histograms
 # --------------------------------------------------------------------------------------------------------
