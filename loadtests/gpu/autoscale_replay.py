@@ -11,7 +11,8 @@ max --max-replicas, one per GPU), and the simulator's prediction for the same ar
    highest peak against its mean, peaking in its middle third, arrivals per 10 s as open-loop rate steps,
    scaled so its peak needs --peak-replicas (default 0.55 x --max-replicas, at least 0.9) replicas of the
    simulated capacity for --prompt-tokens/--max-tokens. With one GPU (max 1) nothing scales: the run then
-   checks the simulator's latency model alone, one replica loaded up to 0.9 of its capacity.
+   checks the simulator's latency model alone, and several --peak-replicas (e.g. 0.9 1.2 1.5) replay the
+   window one after another on the same replica, below and beyond its simulated capacity.
 3. The run: Ray Serve with the policy as configs/prod.yaml sets it (min 1, max --max-replicas); Locust's
    open-loop shape (loadtests/shapes.py: the same arrival schedule for the same seed) sends the requests,
    random prompts of --prompt-tokens (words per token measured with the server's /tokenize) and exactly
@@ -274,15 +275,10 @@ def measured(
 
 
 def run_on_gpus(
-    cfg: HeadroomConfig,
-    dep: Deployment,
-    window: np.ndarray,
-    peak_replicas: float,
-    args: argparse.Namespace,
-    result: dict[str, Any],
-) -> tuple[Deployment, list[float]]:
-    """Deploys, calibrates, puts the load, the predictions and the measurement into `result`; returns the
-    deployment the prediction used (fitted here or committed) and the arrivals."""
+    cfg: HeadroomConfig, dep: Deployment, window: np.ndarray, args: argparse.Namespace, result: dict[str, Any]
+) -> None:
+    """Deploys, calibrates, then one replay per --peak-replicas on the same deployment, each planned and
+    predicted (written at once) before it is measured: all into `result`."""
     import ray
     from ray import serve
 
@@ -293,61 +289,80 @@ def run_on_gpus(
     apply_cluster_env(os.environ)
     init_ray_driver(logging_level="WARNING", log_to_driver=False)  # Locust's exit code counts
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
-    raw = args.out / "raw.jsonl"
-    raw.unlink(missing_ok=True)
     model = cfg.served_model_name
     try:
         t0 = time.monotonic()
         watch = ReplicaWatch(t0)
         watch.start()
         serve.run(build_from_config(cfg), name=APP, route_prefix="/")
-        ready_s = time.monotonic() - t0
+        result["first_replica_ready_s"] = time.monotonic() - t0
         committed = None
         if parse_cells(args.calibrate_at):
             tokenizer = cfg.model.tokenizer or resolve_models(cfg).model_path
             committed, (dep, result["calibration"]) = dep, calibrate(dep, str(tokenizer), model, args)
-        arrivals = plan_and_predict(dep, committed, window, peak_replicas, args, result)
-        load_t0 = time.monotonic() - t0
-        proc = locust(model, result["arrival_rate_steps"], args, raw)
+        for i, peak in enumerate(args.peak_replicas):
+            replay = plan_and_predict(dep, committed, window, peak, args)
+            result["replays"].append(replay)
+            write(result, args.out)
+            raw = args.out / f"raw_{i}.jsonl"
+            raw.unlink(missing_ok=True)
+            load_t0 = time.monotonic() - t0
+            proc = locust(model, replay.pop("_steps"), args, raw)
+            records = raw_stats.load_records(raw) if raw.exists() else []
+            out = measured(records, list(watch.samples), load_t0, args, cfg.slo.ttft_p95_ms)
+            out.update(locust_rc=proc.returncode, locust_tail=proc.stderr.decode(errors="replace")[-2000:])
+            replay["measured"] = out
+            compare(dep, replay, args)
+            write(result, args.out)
         watch.stop()
-        records = raw_stats.load_records(raw) if raw.exists() else []
-        out = measured(records, watch.samples, load_t0, args, cfg.slo.ttft_p95_ms)
-        out.update(first_replica_ready_s=ready_s, locust_rc=proc.returncode, replica_states=watch.samples)
-        out["locust_tail"] = proc.stderr.decode(errors="replace")[-2000:]
-        out["autoscaler_log"] = autoscaler_log_lines()
-        result["measured"] = out
-        return dep, arrivals
+        result["replica_states"] = watch.samples
+        result["autoscaler_log"] = autoscaler_log_lines()
     finally:
         serve.shutdown()
         ray.shutdown()
 
 
 def plan_and_predict(
-    dep: Deployment,
-    committed: Deployment | None,
-    window: np.ndarray,
-    peak_replicas: float,
-    args: argparse.Namespace,
-    result: dict[str, Any],
-) -> list[float]:
-    """The load scaled to `dep`'s capacity and its prediction into `result`, written at once (a run cut
-    short keeps them); with `committed` (dep was fitted here), its prediction for the same arrivals too.
-    Returns the arrivals."""
-    load = Load.scaled(dep, window, peak_replicas, args)
+    dep: Deployment, committed: Deployment | None, window: np.ndarray, peak: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One replay: the load scaled so its peak needs `peak` replicas of `dep`'s simulated capacity, and its
+    prediction; with `committed` (dep was fitted here), that calibration's prediction for the same arrivals
+    too. The arrivals and Locust's rate steps ride along under private keys."""
+    load = Load.scaled(dep, window, peak, args)
     startup = dep.settings.replica_startup_s
-    result.update(
-        trace=load.describe(args),
-        arrival_rate_steps=load.steps,
-        predicted_configured_startup=predict(dep, load.arrivals, args, startup),
-    )
+    replay: dict[str, Any] = {
+        "peak_replicas": peak,
+        "trace": load.describe(args),
+        "arrival_rate_steps": load.steps,
+        "predicted_configured_startup": predict(dep, load.arrivals, args, startup),
+        "_arrivals": load.arrivals,
+        "_steps": load.steps,
+    }
     if committed is not None:
-        result["predicted_committed_calibration"] = predict(committed, load.arrivals, args, startup)
-    write(result, args.out)
-    return load.arrivals
+        replay["predicted_committed_calibration"] = predict(committed, load.arrivals, args, startup)
+    return replay
+
+
+def compare(dep: Deployment, replay: dict[str, Any], args: argparse.Namespace) -> None:
+    """The prediction at the start-up this run measured (when a second replica came), and the gap."""
+    arrivals = replay.pop("_arrivals")
+    startup = replay["measured"]["startup_s"]
+    if startup is not None:
+        replay["predicted_measured_startup"] = predict(dep, arrivals, args, startup)
+    sim = replay.get("predicted_measured_startup", replay["predicted_configured_startup"])
+    got = replay["measured"]["attainment"]
+    replay["attainment_gap_pp"] = None if got is None else round(100 * (sim["attainment"] - got), 2)
+
+
+def public(v: Any) -> Any:
+    """`v` without its private (underscore) keys, at every depth."""
+    if isinstance(v, dict):
+        return {k: public(x) for k, x in v.items() if not k.startswith("_")}
+    return [public(x) for x in v] if isinstance(v, list) else v
 
 
 def write(result: dict[str, Any], out: Path) -> None:
-    (out / "autoscale_replay.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / "autoscale_replay.json").write_text(json.dumps(public(result), indent=2, default=str))
 
 
 def _percent(value: float | None) -> str:
@@ -355,40 +370,16 @@ def _percent(value: float | None) -> str:
 
 
 def report(result: dict[str, Any]) -> str:
-    m = result["measured"]
-    rows = [
-        ("measured on the GPUs", m),
-        ("simulated, configured start-up", result["predicted_configured_startup"]),
-        ("simulated, measured start-up", result.get("predicted_measured_startup")),
-        ("simulated with the committed calibration", result.get("predicted_committed_calibration")),
-    ]
-    cal = result.get("calibration")
     lines = [
         "# Autoscaling replay: simulator against the GPUs",
         "",
-        f"Trace: {result['trace']}. Policy: configs/prod.yaml's settings, min 1 / max "
-        f"{result['max_replicas']} replicas; TTFT target {result['ttft_target_ms']:.0f} ms. Command: "
-        f"`{result['command']}`. Measured: {m['requests']} requests, {m['failed']} failed, prompts "
-        f"{m['prompt_tokens_mean'] or 0:.0f} tokens on average, {100 * (m['late_fraction'] or 0):.1f}% sent "
-        "late by the client.",
-        "",
-        "| | TTFT within target | replica-seconds | start-up s | calibration |",
-        "|---|---:|---:|---:|---|",
-        *[
-            f"| {name} | {_percent(r['attainment'])} | {r['replica_seconds']:.0f} | "
-            f"{r.get('startup_s') or '-'} | {r.get('calibration', '-')} |"
-            for name, r in rows
-            if r
-        ],
-        "",
-        "Attainment difference (simulated at the measured start-up, else the configured one, minus "
-        "measured): "
-        + (
-            f"{result['attainment_gap_pp']} pp (target: within 2 pp)."
-            if result["attainment_gap_pp"] is not None
-            else "not measured: the load generator recorded no request (see locust_tail in the JSON)."
-        ),
+        f"Policy: configs/prod.yaml's settings, min 1 / max {result['max_replicas']} replicas; TTFT target "
+        f"{result['ttft_target_ms']:.0f} ms. Command: `{result['command']}`. First replica ready "
+        f"{result.get('first_replica_ready_s', 0):.0f} s after the deployment was submitted.",
     ]
+    for replay in result["replays"]:
+        lines += ["", *replay_lines(replay)]
+    cal = result.get("calibration")
     if cal:
         lines += [
             "",
@@ -407,6 +398,46 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def replay_lines(replay: dict[str, Any]) -> list[str]:
+    m = replay.get("measured")
+    rows = [
+        ("measured on the GPUs", m),
+        ("simulated, configured start-up", replay["predicted_configured_startup"]),
+        ("simulated, measured start-up", replay.get("predicted_measured_startup")),
+        ("simulated with the committed calibration", replay.get("predicted_committed_calibration")),
+    ]
+    gap = replay.get("attainment_gap_pp")
+    return [
+        f"## Peak at {replay['peak_replicas']:g} replicas of the simulated capacity",
+        "",
+        f"Trace: {replay['trace']}. "
+        + (
+            f"Measured: {m['requests']} requests, {m['failed']} failed, prompts "
+            f"{m['prompt_tokens_mean'] or 0:.0f} tokens on average, {100 * (m['late_fraction'] or 0):.1f}% "
+            "sent late by the client."
+            if m
+            else "Not measured (the run ended first)."
+        ),
+        "",
+        "| | TTFT within target | replica-seconds | start-up s | calibration |",
+        "|---|---:|---:|---:|---|",
+        *[
+            f"| {name} | {_percent(r['attainment'])} | {r['replica_seconds']:.0f} | "
+            f"{r.get('startup_s') or '-'} | {r.get('calibration', '-')} |"
+            for name, r in rows
+            if r
+        ],
+        "",
+        "Attainment difference (simulated at the measured start-up, else the configured one, minus "
+        "measured): "
+        + (
+            f"{gap} pp (target: within 2 pp)."
+            if gap is not None
+            else "not measured: the load generator recorded no request (see locust_tail in the JSON)."
+        ),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", nargs="+", default=["configs/base.yaml", "loadtests/gpu/qwen3-8b.yaml"])
@@ -418,8 +449,10 @@ def main() -> None:
     ap.add_argument(
         "--peak-replicas",
         type=float,
+        nargs="+",
         default=None,
-        help="the trace's peak in simulated replicas; default 0.55 x max, at least 0.9",
+        help="the trace's peak in simulated replicas, one replay each (several only with --max-replicas 1: "
+        "a replay must start from one replica); default 0.55 x max, at least 0.9",
     )
     ap.add_argument(
         "--calibrate-at",
@@ -432,9 +465,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.max_replicas < 1:
         ap.error(f"--max-replicas must be at least 1, got {args.max_replicas}")
+    if args.peak_replicas is None:
+        args.peak_replicas = [max(0.9, 0.55 * args.max_replicas)]
+    if len(args.peak_replicas) > 1 and args.max_replicas > 1:
+        ap.error("--peak-replicas: several replays need --max-replicas 1 (each must start from one replica)")
+    if min(args.peak_replicas) <= 0:
+        ap.error(f"--peak-replicas must be > 0, got {args.peak_replicas}")
     parse_cells(args.calibrate_at)
     args.out.mkdir(parents=True, exist_ok=True)
-    peak_replicas = max(0.9, 0.55 * args.max_replicas) if args.peak_replicas is None else args.peak_replicas
     cfg = replay_config(load_config_files(*args.config), args.max_replicas)
     dep = deployment_for(cfg, args.max_replicas)
     window = window_rates(args.duration_s)
@@ -442,20 +480,15 @@ def main() -> None:
         "command": " ".join(["python -m loadtests.gpu.autoscale_replay", *sys.argv[1:]]),
         "ttft_target_ms": dep.ttft_target_ms,
         "max_replicas": args.max_replicas,
+        "replays": [],
     }
     if args.predict_only:
-        plan_and_predict(dep, None, window, peak_replicas, args, result)
+        result["replays"] = [plan_and_predict(dep, None, window, p, args) for p in args.peak_replicas]
     else:
-        dep, arrivals = run_on_gpus(cfg, dep, window, peak_replicas, args, result)
-        startup = result["measured"]["startup_s"]
-        if startup is not None:
-            result["predicted_measured_startup"] = predict(dep, arrivals, args, startup)
-        sim = result.get("predicted_measured_startup", result["predicted_configured_startup"])
-        got = result["measured"]["attainment"]
-        result["attainment_gap_pp"] = None if got is None else round(100 * (sim["attainment"] - got), 2)
+        run_on_gpus(cfg, dep, window, args, result)
         (args.out / "report.md").write_text(report(result))
-        write(result, args.out)
-    print(json.dumps({k: v for k, v in result.items() if k != "measured"}, indent=2, default=str)[:3000])
+    write(result, args.out)
+    print(report(result) if not args.predict_only else json.dumps(public(result), indent=2, default=str))
 
 
 if __name__ == "__main__":
