@@ -502,9 +502,11 @@ def simulate(
     *,
     control_interval_s: float = 1.0,
     keep_timeline: bool = False,
+    timeline_bin_s: float = 30.0,
     on_event: Callable[[ScaleEvent], None] | None = None,
 ) -> SimResult:
-    """Replays ``trace`` under ``policy``; deterministic given ``setup.seed``."""
+    """Replays ``trace`` under ``policy``; deterministic given ``setup.seed``. With ``keep_timeline``, the
+    result's timeline bins arrivals by ``timeline_bin_s``."""
     policy.reset()
     requests = Requests.create(
         trace.arrival_s.tolist(), trace.prompt_tokens.tolist(), trace.output_tokens.tolist()
@@ -546,7 +548,8 @@ def simulate(
             t, rid = heappop(retries)
             fleet.arrive(rid, t)
         fleet.tick(end_s + extra)
-    return _result(trace, policy, setup, fleet, events, provisioned, ready, keep_timeline)
+    timeline_bin = timeline_bin_s if keep_timeline else None
+    return _result(trace, policy, setup, fleet, events, provisioned, ready, timeline_bin)
 
 
 def _result(
@@ -557,7 +560,7 @@ def _result(
     events: list[ScaleEvent],
     provisioned: list[int],
     ready: list[int],
-    keep_timeline: bool,
+    timeline_bin_s: float | None,
 ) -> SimResult:
     req = fleet.requests
     ttft = np.asarray(req.ttft_ms, dtype=float)
@@ -590,6 +593,8 @@ def _result(
         direction_changes=changes,
         max_direction_changes_per_10min=worst,
         events=events,
-        timeline=_timeline(trace, shown, ok, provisioned, ready, 30.0) if keep_timeline else None,
+        timeline=None
+        if timeline_bin_s is None
+        else _timeline(trace, shown, ok, provisioned, ready, timeline_bin_s),
         codes=dict(getattr(policy, "codes", {})),
     )

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -42,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from autoscale.calibrate import fit, point_from_vllm_bench_result, replay_point
+from autoscale.calibration import EngineCost
 from autoscale.experiment import Deployment, deployment_from
 from autoscale.inputs import PolicyConfig
 from autoscale.scenarios import PRODUCTION_CSV, production_format_csv
@@ -55,6 +58,7 @@ from serve_app.serving.serve_options import apply_cluster_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN_S = 10.0
+FITTED = "fitted to this run's vllm bench serve closed loops"
 URL = "http://127.0.0.1:8000"
 
 
@@ -132,13 +136,21 @@ def predict(
 ) -> dict[str, Any]:
     trace = fixed_trace(arrivals, args.prompt_tokens, args.max_tokens, args.duration_s)
     config = PolicyConfig(dep.settings, dep.ttft_target_ms, dep.limits.max_num_seqs)
-    result = simulate(trace, HeadroomPolicy(config), dep.setup(args.seed, 1, startup_s=startup_s))
+    result = simulate(
+        trace,
+        HeadroomPolicy(config),
+        dep.setup(args.seed, 1, startup_s=startup_s),
+        keep_timeline=True,
+        timeline_bin_s=BIN_S,
+    )
+    assert result.timeline is not None
     return {
         "calibration": dep.calibration,
         "startup_s": startup_s,
         "attainment": result.attainment,
         "replica_seconds": result.replica_hours * 3600,
         "scale_events": [(e.t_s, e.from_replicas, e.to_replicas, e.code) for e in result.events],
+        "timeline": {k: result.timeline[k] for k in ("ttft_p95_ms", "missed")},
     }
 
 
@@ -201,7 +213,7 @@ def calibrate(
         for i, (c, n) in enumerate(parse_cells(args.calibrate_at))
     ]
     cost = fit(points, dep.cost, dep.limits)
-    fitted = replace(dep, cost=cost, calibration="fitted to this run's vllm bench serve closed loops")
+    fitted = replace(dep, cost=cost, calibration=FITTED)
     rows = [{**asdict(p), "simulated": replay_point(p, cost, dep.limits)} for p in points]
     return fitted, {"cost": asdict(cost), "points": rows, "committed_cost": asdict(dep.cost)}
 
@@ -261,6 +273,7 @@ def measured(
     running = next((t for t, s in samples if t >= load_t0 and s.get("RUNNING", 0) >= 2), None)
     prompt_tokens = [r["prompt_tokens"] for r in ok if r.get("prompt_tokens")]
     return {
+        "timeline": measured_timeline(records, target_ms, args.duration_s),
         "requests": len(records),
         "failed": len(records) - len(ok),
         # No request recorded is a failed measurement, not 100%: None, and the report says so.
@@ -272,6 +285,26 @@ def measured(
         "startup_s": None if asked is None or running is None else running - asked,
         "late_fraction": raw_stats.summarize(records).get("late_fraction") if records else None,
     }
+
+
+def measured_timeline(records: list[dict[str, Any]], target_ms: float, duration_s: float) -> dict[str, Any]:
+    """Per BIN_S of scheduled arrival, as the simulator's timeline: TTFT p95 (a failed request counted at
+    the run's end, as the simulator counts an unserved one) and the requests that missed the target."""
+    if not records:
+        return {"ttft_p95_ms": [], "missed": []}
+    t0 = min(r["scheduled_s"] for r in records)
+    end_ms = (duration_s + 120.0) * 1000.0
+    nb = max(1, math.ceil(duration_s / BIN_S))
+    ttft: list[list[float]] = [[] for _ in range(nb)]
+    missed = [0] * nb
+    for r in records:
+        b = min(nb - 1, int((r["scheduled_s"] - t0) // BIN_S))
+        ok = raw_stats.is_success(r) and r.get("ttft_s") is not None
+        ms = r["ttft_s"] * 1000.0 if ok else end_ms
+        ttft[b].append(ms)
+        missed[b] += ms > target_ms
+    p95 = [float(np.percentile(v, 95.0)) if v else math.nan for v in ttft]
+    return {"ttft_p95_ms": p95, "missed": missed}
 
 
 def run_on_gpus(
@@ -435,13 +468,66 @@ def replay_lines(replay: dict[str, Any]) -> list[str]:
             if gap is not None
             else "not measured: the load generator recorded no request (see locust_tail in the JSON)."
         ),
+        *(timeline_lines(replay) if m and m.get("timeline", {}).get("missed") else []),
     ]
 
 
-def main() -> None:
+def _ms(value: float) -> str:
+    """A timeline's TTFT: past 100 s it is the stand-in for a failed or unserved request."""
+    return "failed" if value >= 100_000 else f"{value:.0f}"
+
+
+def timeline_lines(replay: dict[str, Any]) -> list[str]:
+    """Measured against simulated per BIN_S of arrivals (the simulated columns: configured start-up)."""
+    m, sim = replay["measured"]["timeline"], replay["predicted_configured_startup"]["timeline"]
+    rates = [float(r.split(":")[0]) for r in replay["arrival_rate_steps"].split(",")]
+    return [
+        "",
+        f"Per {BIN_S:g} s of arrivals: TTFT p95 ('failed' where the 95th percentile is a failed or unserved "
+        "request) and the requests that missed the target, measured / simulated at the configured start-up.",
+        "",
+        "| from s | scheduled rps | TTFT p95 ms | missed |",
+        "|---:|---:|---|---|",
+        *[
+            f"| {i * BIN_S:g} | {rate:.1f} | {_ms(m['ttft_p95_ms'][i])} / {_ms(sim['ttft_p95_ms'][i])} | "
+            f"{m['missed'][i]} / {sim['missed'][i]} |"
+            for i, rate in enumerate(rates)
+            if i < min(len(m["missed"]), len(sim["missed"]))
+        ],
+    ]
+
+
+def render(directory: Path) -> dict[str, Any]:
+    """A run's result again from its files (autoscale_replay.json, raw_K.jsonl or raw_K.jsonl.gz): each
+    replay's measured timeline from its raw records, its predictions recomputed (deterministic) with the
+    run's own calibration and arguments; the replica-seconds and start-up measured live are kept."""
+    result: dict[str, Any] = json.loads((directory / "autoscale_replay.json").read_text())
+    args = parser().parse_args(shlex.split(result["command"])[3:])
+    cfg = replay_config(load_config_files(*args.config), args.max_replicas)
+    committed = deployment_for(cfg, args.max_replicas)
+    cal = result.get("calibration")
+    dep = replace(committed, cost=EngineCost(**cal["cost"]), calibration=FITTED) if cal else committed
+    startup = dep.settings.replica_startup_s
+    for k, replay in enumerate(result["replays"]):
+        steps = workloads.parse_steps(replay["arrival_rate_steps"])
+        arrivals = [a.at_s for a in workloads.arrival_times(steps, seed=args.seed)]
+        replay["predicted_configured_startup"] = predict(dep, arrivals, args, startup)
+        if cal:
+            replay["predicted_committed_calibration"] = predict(committed, arrivals, args, startup)
+        raws = [directory / f"raw_{k}.jsonl", directory / f"raw_{k}.jsonl.gz"]
+        raw = next((path for path in raws if path.exists()), None)
+        if raw is not None and "measured" in replay:
+            records = raw_stats.load_records(raw)
+            replay["measured"]["timeline"] = measured_timeline(records, dep.ttft_target_ms, args.duration_s)
+            replay["_arrivals"] = arrivals
+            compare(dep, replay, args)
+    return result
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", nargs="+", default=["configs/base.yaml", "loadtests/gpu/qwen3-8b.yaml"])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="where the run's files go (required unless --render)")
     ap.add_argument("--duration-s", type=float, default=240.0)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -456,13 +542,29 @@ def main() -> None:
     )
     ap.add_argument(
         "--calibrate-at",
-        default="1:16,16:128,64:320,128:384",
+        default="1:16,16:128,64:320,128:384,256:768",
         help="closed loops CONCURRENCY:PROMPTS,... fitted on the replica before the replay; '' for the "
         "committed calibration",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--predict-only", action="store_true", help="no GPUs: the trace and the prediction")
+    ap.add_argument(
+        "--render", type=Path, metavar="DIR", help="a finished run's report again from DIR's files"
+    )
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
+    if args.render is not None:
+        result = render(args.render)
+        (args.render / "report.md").write_text(report(result))
+        write(result, args.render)
+        print(report(result))
+        return
+    if args.out is None:
+        ap.error("--out is required (or --render DIR)")
     if args.max_replicas < 1:
         ap.error(f"--max-replicas must be at least 1, got {args.max_replicas}")
     if args.peak_replicas is None:

@@ -10,6 +10,7 @@ from autoscale.sim import StaticPolicy, simulate
 from loadtests.gpu.autoscale_replay import (
     deployment_for,
     fixed_trace,
+    measured_timeline,
     one_replica_capacity,
     parse_cells,
     replay_config,
@@ -54,3 +55,19 @@ def test_capacity_search_finds_the_last_rate_that_holds(gpu_config):
 
     assert attainment(capacity) >= 0.99
     assert attainment(capacity + 0.5) < 0.99
+
+
+def test_the_measured_timeline_bins_by_scheduled_arrival_and_counts_failures_as_missed():
+    def record(at_s: float, ttft_s: float | None, status: int = 200) -> dict:
+        return {"scheduled_s": 1000.0 + at_s, "ttft_s": ttft_s, "status": status, "error": None}
+
+    records = [
+        record(0.0, 0.1),
+        record(9.9, 1.5),  # late: missed
+        record(10.0, 0.2),
+        record(25.0, None, 503),  # refused: missed, counted at the run's end
+    ]
+    t = measured_timeline(records, target_ms=1000.0, duration_s=30.0)
+    assert t["missed"] == [1, 0, 1]
+    assert t["ttft_p95_ms"][1] == pytest.approx(200.0)
+    assert t["ttft_p95_ms"][2] >= 100_000
