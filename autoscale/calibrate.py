@@ -10,6 +10,7 @@ value (the points here cannot tell it from the per-sequence decode cost).
     python -m autoscale.calibrate --points autoscale/data/h200_points.json \\
         [--ladder results/gpu/ladder-random-1024/results.json:1024 ...] \\
         --out autoscale/data/h200_qwen3_8b.json
+    python -m autoscale.calibrate --check --points POINTS.json --out CHECK.json   # held-out points, no fit
 
 ``--vllm-bench PATH...`` adds `vllm bench serve --save-result` runs (closed loop at ``--max-concurrency``,
 lengths from their token totals). ``--ladder PATH:PROMPT_TOKENS`` adds every step of a ``headroom ladder``
@@ -170,13 +171,36 @@ def point_from_vllm_bench_result(d: Mapping[str, Any], source: str) -> Point:
     )
 
 
+def check(points: Sequence[Point], source: str, cost: EngineCost, limits: EngineLimits, out: Path) -> int:
+    """Held-out points replayed on a calibration as it is: measured beside simulated, and the ratio."""
+    rows = [{**asdict(p), "simulated": replay_point(p, cost, limits)} for p in points]
+    out.write_text(
+        json.dumps({"calibration": source, "limits": asdict(limits), "points": rows}, indent=2) + "\n"
+    )
+    for r in rows:
+        sim = r["simulated"]
+        print(
+            f"{r['label']:<50} "
+            + "  ".join(
+                f"{m} {r[m]} sim {sim[m]:.1f} (x{sim[m] / r[m]:.2f})" for m in METRICS if r[m] is not None
+            )
+        )
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m autoscale.calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", help="JSON list of closed-loop points (see Point)")
     ap.add_argument("--ladder", action="append", default=[], metavar="PATH:PROMPT_TOKENS")
     ap.add_argument("--vllm-bench", nargs="+", default=[], metavar="PATH", help="vllm bench serve results")
     ap.add_argument("--start", default=str(DEFAULT_CALIBRATION), help="calibration to start from")
-    ap.add_argument("--out", required=True, help="calibration file to write")
+    ap.add_argument("--out", required=True, help="calibration file to write (with --check: the check's)")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="no fit: replay the points on --start's costs and write what the simulator gives beside them",
+    )
     ap.add_argument("--max-num-seqs", type=int, default=256, help="engine max_num_seqs of the measured runs")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--kv-cache-tokens", type=int, default=794_064)
@@ -191,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("give --points, --ladder or --vllm-bench")
     limits = EngineLimits(args.max_num_seqs, args.max_num_batched_tokens, args.kv_cache_tokens, 100_000)
     start = load_calibration(args.start)
+    if args.check:
+        return check(points, args.start, start.cost, limits, Path(args.out))
     cost = fit(points, start.cost, limits)
     sources = sorted({p.source for p in points})
     cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sources))
