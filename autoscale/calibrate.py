@@ -15,9 +15,12 @@ value (the points here cannot tell it from the per-sequence decode cost).
 ``--vllm-bench PATH...`` adds `vllm bench serve --save-result` runs (closed loop at ``--max-concurrency``,
 lengths from their token totals). ``--ladder PATH:PROMPT_TOKENS`` adds every step of a ``headroom ladder``
 run (its recommended setting) as a point, with the prompt length the ladder sent and the ladder's
-``max_tokens`` as output. Each point lists the metrics the fit matches (``fit``); the step model has no
-API-server queue, so TTFT at high concurrency is kept as a check, not fitted (the file's points show how
-far off it is).
+``max_tokens`` as output. Each point lists the metrics the fit matches (``fit``). A closed loop's own TTFT
+at high concurrency is kept as a check, not fitted: the real loop falls into waves that the simulated one
+does not. Where a run saved each request's send time and TTFT (`vllm bench serve --save-detailed`), the fit
+also matches TTFT p50 and p90 with those very arrivals replayed open loop (:func:`replay_arrivals`): the
+engine's first tokens under load, apart from the loop's dynamics. On one H100 that brought the simulator's
+open-loop attainment from 6-41 points above the measured to 5-18 (results/gpu/2026-12-07/replay).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from autoscale.calibration import DEFAULT_CALIBRATION, EngineCost, EngineLimits,
 from autoscale.replica_engine import ReplicaEngine, Requests
 from autoscale.replica_stats import ReplicaStatsWindow
 
-__all__ = ["Point", "fit", "main", "point_from_vllm_bench_result", "replay_point"]
+__all__ = ["Point", "fit", "main", "point_from_vllm_bench_result", "replay_arrivals", "replay_point"]
 
 FITTED = ("step_ms", "prefill_ms_per_token", "decode_ms_per_seq", "request_overhead_ms")
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s")
@@ -58,6 +61,11 @@ class Point:
     output_tokens_per_s: float | None = None
     fit: tuple[str, ...] = METRICS
     """The metrics the fit matches; the others are kept as a check."""
+    arrivals_s: tuple[float, ...] = ()
+    """When each request was sent, from the first (where the run saved it, as `vllm bench serve
+    --save-detailed` does): the fit also replays these arrivals (:func:`replay_arrivals`)."""
+    ttfts_ms: tuple[float, ...] = ()
+    """Each request's measured TTFT, in the order of ``arrivals_s``."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Point:
@@ -65,7 +73,28 @@ class Point:
         unknown = set(known.get("fit", ())) - set(METRICS)
         if unknown:
             raise ValueError(f"point {d.get('label')!r}: fit lists unknown metrics {sorted(unknown)}")
-        return cls(**{**known, "fit": tuple(known.get("fit", METRICS))})
+        if len(known.get("arrivals_s", ())) != len(known.get("ttfts_ms", ())):
+            raise ValueError(f"point {d.get('label')!r}: arrivals_s and ttfts_ms differ in length")
+        return cls(
+            **{
+                **known,
+                "fit": tuple(known.get("fit", METRICS)),
+                "arrivals_s": tuple(known.get("arrivals_s", ())),
+                "ttfts_ms": tuple(known.get("ttfts_ms", ())),
+            }
+        )
+
+    def summary(self, cost: EngineCost, limits: EngineLimits) -> dict[str, Any]:
+        """The point as result files show it (its per-request lists left out), with what the simulated
+        engine gives: in its own closed loop, and given the measured arrivals."""
+        row = {k: v for k, v in asdict(self).items() if k not in ("arrivals_s", "ttfts_ms")}
+        row["simulated"] = replay_point(self, cost, limits)
+        if self.arrivals_s:
+            row["given_arrivals"] = {
+                "measured": arrival_ttfts(self.ttfts_ms),
+                "simulated": replay_arrivals(self, cost, limits),
+            }
+        return row
 
 
 def replay_point(point: Point, cost: EngineCost, limits: EngineLimits) -> dict[str, float]:
@@ -95,6 +124,26 @@ def replay_point(point: Point, cost: EngineCost, limits: EngineLimits) -> dict[s
     }
 
 
+def arrival_ttfts(ttfts_ms: Sequence[float]) -> dict[str, float]:
+    p50, p90 = np.percentile(np.asarray(ttfts_ms, dtype=float), [50.0, 90.0])
+    return {"ttft_p50_ms": float(p50), "ttft_p90_ms": float(p90)}
+
+
+def replay_arrivals(point: Point, cost: EngineCost, limits: EngineLimits) -> dict[str, float]:
+    """The point's requests sent to the simulated engine when they were really sent (open loop), so TTFT
+    is the engine model's alone: a real closed loop falls into waves that the simulated one does not
+    (results/gpu/README.md), and fitted to the closed loops' own TTFT that would bend the step costs."""
+    n = len(point.arrivals_s)
+    req = Requests.create(list(point.arrivals_s), [point.prompt_tokens] * n, [point.output_tokens] * n)
+    engine = ReplicaEngine(cost, limits, req, ReplicaStatsWindow(30.0), 0.0)
+    for rid, t in enumerate(point.arrivals_s):
+        engine.advance(t)
+        engine.submit(rid, t)
+    while engine.step():
+        pass
+    return arrival_ttfts(req.ttft_ms)
+
+
 def _loss(points: Sequence[Point], cost: EngineCost, limits: EngineLimits) -> float:
     total = 0.0
     for p in points:
@@ -103,6 +152,9 @@ def _loss(points: Sequence[Point], cost: EngineCost, limits: EngineLimits) -> fl
             measured = getattr(p, m)
             if measured is not None:
                 total += math.log(sim[m] / measured) ** 2
+        if p.arrivals_s:
+            measured_ttft, sim_ttft = arrival_ttfts(p.ttfts_ms), replay_arrivals(p, cost, limits)
+            total += sum(math.log(sim_ttft[m] / measured_ttft[m]) ** 2 for m in measured_ttft)
     return total
 
 
@@ -157,6 +209,9 @@ def point_from_vllm_bench_result(d: Mapping[str, Any], source: str) -> Point:
     """:func:`point_from_vllm_bench` from the saved result's contents."""
     done = int(d["completed"])
     c = int(d["max_concurrency"])
+    sent = sorted(
+        (t, f) for t, f in zip(d.get("start_times") or [], d.get("ttfts") or [], strict=False) if f > 0
+    )
     return Point(
         label=f"vllm bench c={c}, {d['total_input_tokens'] / done:.0f}/{d['total_output_tokens'] / done:.0f}",
         source=source,
@@ -168,12 +223,14 @@ def point_from_vllm_bench_result(d: Mapping[str, Any], source: str) -> Point:
         tpot_p50_ms=d["median_tpot_ms"],
         output_tokens_per_s=d["output_throughput"],
         fit=METRICS if c == 1 else ("tpot_p50_ms", "output_tokens_per_s"),
+        arrivals_s=tuple(t - sent[0][0] for t, _ in sent),
+        ttfts_ms=tuple(f * 1000.0 for _, f in sent),
     )
 
 
 def check(points: Sequence[Point], source: str, cost: EngineCost, limits: EngineLimits, out: Path) -> int:
     """Held-out points replayed on a calibration as it is: measured beside simulated, and the ratio."""
-    rows = [{**asdict(p), "simulated": replay_point(p, cost, limits)} for p in points]
+    rows = [p.summary(cost, limits) for p in points]
     out.write_text(
         json.dumps({"calibration": source, "limits": asdict(limits), "points": rows}, indent=2) + "\n"
     )
@@ -222,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sources))
     attention = start.constants["attention_ms_per_kv_token"]
     cal = replace(cal, constants={**cal.constants, "attention_ms_per_kv_token": attention})
-    rows = [{**asdict(p), "simulated": replay_point(p, cal.cost, limits)} for p in points]
+    rows = [p.summary(cal.cost, limits) for p in points]
     cal = replace(cal, points=tuple(rows))
     out = Path(args.out)
     out.write_text(json.dumps(cal.to_dict(), indent=2) + "\n")

@@ -43,8 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from autoscale.calibrate import fit, point_from_vllm_bench_result, replay_point
-from autoscale.calibration import EngineCost
+from autoscale.calibrate import Point, fit, point_from_vllm_bench_result
 from autoscale.experiment import Deployment, deployment_from
 from autoscale.inputs import PolicyConfig
 from autoscale.scenarios import PRODUCTION_CSV, production_format_csv
@@ -212,10 +211,34 @@ def calibrate(
         point_from_vllm_bench_result(bench(c, n, args.seed + 101 + i, f"c{c}.json"), f"calibration/c{c}.json")
         for i, (c, n) in enumerate(parse_cells(args.calibrate_at))
     ]
+    return fitted(dep, points)
+
+
+def fitted(dep: Deployment, points: list[Point]) -> tuple[Deployment, dict[str, Any]]:
+    """`dep` with step costs fitted to `points` from its own, and the points with what the fit gives."""
     cost = fit(points, dep.cost, dep.limits)
-    fitted = replace(dep, cost=cost, calibration=FITTED)
-    rows = [{**asdict(p), "simulated": replay_point(p, cost, dep.limits)} for p in points]
-    return fitted, {"cost": asdict(cost), "points": rows, "committed_cost": asdict(dep.cost)}
+    rows = [p.summary(cost, dep.limits) for p in points]
+    result = {"cost": asdict(cost), "points": rows, "committed_cost": asdict(dep.cost)}
+    return replace(dep, cost=cost, calibration=FITTED), result
+
+
+def saved_points(directory: Path, cells: list[tuple[int, int]]) -> list[Point] | None:
+    """A run's calibration points from its saved `vllm bench serve` results (as the run wrote them,
+    calibration/cK.json, or as run.sh brings them back, calibration_cK.json); None if one is missing."""
+    points = []
+    for c, _ in cells:
+        path = next(
+            (
+                p
+                for p in (directory / f"calibration/c{c}.json", directory / f"calibration_c{c}.json")
+                if p.exists()
+            ),
+            None,
+        )
+        if path is None:
+            return None
+        points.append(point_from_vllm_bench_result(json.loads(path.read_text()), f"calibration/c{c}.json"))
+    return points
 
 
 def locust(model: str, steps: str, args: argparse.Namespace, raw: Path) -> subprocess.CompletedProcess[bytes]:
@@ -419,16 +442,33 @@ def report(result: dict[str, Any]) -> str:
             "Calibration on this machine (`vllm bench serve` closed loops on the replica, fitted from the "
             f"committed step costs {cal['committed_cost']}): {cal['cost']}",
             "",
-            "| point | TTFT p50 ms | sim | TPOT p50 ms | sim | output tok/s | sim |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-            *[
-                f"| {p['label']} | {p['ttft_p50_ms']:.1f} | {p['simulated']['ttft_p50_ms']:.1f} | "
-                f"{p['tpot_p50_ms']:.2f} | {p['simulated']['tpot_p50_ms']:.2f} | "
-                f"{p['output_tokens_per_s']:.0f} | {p['simulated']['output_tokens_per_s']:.0f} |"
-                for p in cal["points"]
-            ],
+            "TTFT in the closed loop (the simulated loop does not fall into the real one's waves) and given "
+            "the measured arrivals (what the fit matches), measured / simulated:",
+            "",
+            "| point | TTFT p50 ms, closed loop | TTFT p50 ms, given arrivals | TTFT p90 ms, given arrivals "
+            "| TPOT p50 ms | output tok/s |",
+            "|---|---|---|---|---|---|",
+            *[calibration_row(p) for p in cal["points"]],
         ]
     return "\n".join(lines) + "\n"
+
+
+def calibration_row(p: dict[str, Any]) -> str:
+    sim, given = p["simulated"], p.get("given_arrivals")
+
+    def pair(measured: float | None, simulated: float, fmt: str = ".0f") -> str:
+        return "-" if measured is None else f"{measured:{fmt}} / {simulated:{fmt}}"
+
+    arrivals = (
+        [pair(given["measured"][m], given["simulated"][m]) for m in ("ttft_p50_ms", "ttft_p90_ms")]
+        if given
+        else ["-", "-"]
+    )
+    return (
+        f"| {p['label']} | {pair(p['ttft_p50_ms'], sim['ttft_p50_ms'])} | {' | '.join(arrivals)} | "
+        f"{pair(p['tpot_p50_ms'], sim['tpot_p50_ms'], '.2f')} | "
+        f"{pair(p['output_tokens_per_s'], sim['output_tokens_per_s'])} |"
+    )
 
 
 def replay_lines(replay: dict[str, Any]) -> list[str]:
@@ -498,15 +538,24 @@ def timeline_lines(replay: dict[str, Any]) -> list[str]:
 
 
 def render(directory: Path) -> dict[str, Any]:
-    """A run's result again from its files (autoscale_replay.json, raw_K.jsonl or raw_K.jsonl.gz): each
-    replay's measured timeline from its raw records, its predictions recomputed (deterministic) with the
-    run's own calibration and arguments; the replica-seconds and start-up measured live are kept."""
+    """A run's result again from its files (autoscale_replay.json, raw_K.jsonl or raw_K.jsonl.gz, the
+    calibration runs): the step costs fitted again to the run's calibration points (with this fit), each
+    replay's measured timeline from its raw records and its predictions recomputed (deterministic) with
+    the run's own arguments; the replica-seconds and start-up measured live are kept."""
     result: dict[str, Any] = json.loads((directory / "autoscale_replay.json").read_text())
     args = parser().parse_args(shlex.split(result["command"])[3:])
     cfg = replay_config(load_config_files(*args.config), args.max_replicas)
     committed = deployment_for(cfg, args.max_replicas)
+    # The points the run fitted (not the flag's default now): their saved results.
+    cells = [(q["concurrency"], q["requests"]) for q in result.get("calibration", {}).get("points", [])]
+    points = saved_points(directory, cells) if cells else None
+    if points:
+        dep, result["calibration"] = fitted(committed, points)
+    elif result.get("calibration"):
+        raise SystemExit(f"{directory}: the run was calibrated, but its calibration results are not there")
+    else:
+        dep = committed
     cal = result.get("calibration")
-    dep = replace(committed, cost=EngineCost(**cal["cost"]), calibration=FITTED) if cal else committed
     startup = dep.settings.replica_startup_s
     for k, replay in enumerate(result["replays"]):
         steps = workloads.parse_steps(replay["arrival_rate_steps"])
