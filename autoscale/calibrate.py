@@ -235,11 +235,16 @@ def check(points: Sequence[Point], source: str, cost: EngineCost, limits: Engine
         json.dumps({"calibration": source, "limits": asdict(limits), "points": rows}, indent=2) + "\n"
     )
     for r in rows:
-        sim = r["simulated"]
+        sim, given = r["simulated"], r.get("given_arrivals")
         print(
             f"{r['label']:<50} "
             + "  ".join(
-                f"{m} {r[m]} sim {sim[m]:.1f} (x{sim[m] / r[m]:.2f})" for m in METRICS if r[m] is not None
+                f"{m} {r[m]:.1f} sim {sim[m]:.1f} (x{sim[m] / r[m]:.2f})" for m in METRICS if r[m] is not None
+            )
+            + "".join(
+                f"  {m} given arrivals {given['measured'][m]:.1f} sim {given['simulated'][m]:.1f} "
+                f"(x{given['simulated'][m] / given['measured'][m]:.2f})"
+                for m in (given["measured"] if given else ())
             )
         )
     print(f"wrote {out}")
