@@ -363,7 +363,7 @@ def run_on_gpus(
             raw = args.out / f"raw_{i}.jsonl"
             raw.unlink(missing_ok=True)
             load_t0 = time.monotonic() - t0
-            proc = locust(model, replay.pop("_steps"), args, raw)
+            proc = locust(model, replay["arrival_rate_steps"], args, raw)
             records = raw_stats.load_records(raw) if raw.exists() else []
             out = measured(records, list(watch.samples), load_t0, args, cfg.slo.ttft_p95_ms)
             out.update(locust_rc=proc.returncode, locust_tail=proc.stderr.decode(errors="replace")[-2000:])
@@ -383,7 +383,7 @@ def plan_and_predict(
 ) -> dict[str, Any]:
     """One replay: the load scaled so its peak needs `peak` replicas of `dep`'s simulated capacity, and its
     prediction; with `committed` (dep was fitted here), that calibration's prediction for the same arrivals
-    too. The arrivals and Locust's rate steps ride along under private keys."""
+    too. The arrivals ride along under a private key."""
     load = Load.scaled(dep, window, peak, args)
     startup = dep.settings.replica_startup_s
     replay: dict[str, Any] = {
@@ -392,7 +392,6 @@ def plan_and_predict(
         "arrival_rate_steps": load.steps,
         "predicted_configured_startup": predict(dep, load.arrivals, args, startup),
         "_arrivals": load.arrivals,
-        "_steps": load.steps,
     }
     if committed is not None:
         replay["predicted_committed_calibration"] = predict(committed, load.arrivals, args, startup)
@@ -520,7 +519,7 @@ def _ms(value: float) -> str:
 def timeline_lines(replay: dict[str, Any]) -> list[str]:
     """Measured against simulated per BIN_S of arrivals (the simulated columns: configured start-up)."""
     m, sim = replay["measured"]["timeline"], replay["predicted_configured_startup"]["timeline"]
-    rates = [float(r.split(":")[0]) for r in replay["arrival_rate_steps"].split(",")]
+    rates = [step.value for step in workloads.parse_steps(replay["arrival_rate_steps"])]
     return [
         "",
         f"Per {BIN_S:g} s of arrivals: TTFT p95 ('failed' where the 95th percentile is a failed or unserved "
