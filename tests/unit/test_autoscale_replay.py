@@ -3,6 +3,9 @@ config."""
 
 from __future__ import annotations
 
+import json
+import shlex
+
 import numpy as np
 import pytest
 
@@ -13,7 +16,12 @@ from loadtests.gpu.autoscale_replay import (
     measured_timeline,
     one_replica_capacity,
     parse_cells,
+    parser,
+    plan_and_predict,
+    render,
     replay_config,
+    report,
+    window_rates,
 )
 from serve_app.config import load_config_files
 
@@ -71,3 +79,58 @@ def test_the_measured_timeline_bins_by_scheduled_arrival_and_counts_failures_as_
     assert t["missed"] == [1, 0, 1]
     assert t["ttft_p95_ms"][1] == pytest.approx(200.0)
     assert t["ttft_p95_ms"][2] >= 100_000
+
+
+def test_render_rebuilds_a_runs_report_from_its_json_and_raw_files(tmp_path):
+    """A run as run_on_gpus leaves it (one replay, every request served at 100 ms), rendered again: the
+    prediction recomputed for the saved arrivals, the measured timeline rebuilt from the raw file."""
+    command = (
+        "python -m loadtests.gpu.autoscale_replay --config configs/base.yaml loadtests/gpu/qwen3-8b.yaml "
+        f"--out {tmp_path} --duration-s 30 --max-replicas 1 --peak-replicas 0.5 --calibrate-at ''"
+    )
+    args = parser().parse_args(shlex.split(command)[3:])
+    cfg = replay_config(load_config_files(*args.config), 1)
+    dep = deployment_for(cfg, 1)
+    replay = plan_and_predict(dep, None, window_rates(30.0), 0.5, args)
+    arrivals = replay.pop("_arrivals")
+    replay["measured"] = {
+        "requests": len(arrivals),
+        "failed": 0,
+        "attainment": 1.0,
+        "startup_s": None,
+        "replica_seconds": 30.0,
+        "prompt_tokens_mean": 1024.0,
+        "late_fraction": 0.0,
+    }
+    result = {
+        "command": command,
+        "ttft_target_ms": dep.ttft_target_ms,
+        "max_replicas": 1,
+        "replays": [replay],
+    }
+    (tmp_path / "autoscale_replay.json").write_text(json.dumps(result))
+    with open(tmp_path / "raw_0.jsonl", "w") as f:
+        for t in arrivals:
+            f.write(
+                json.dumps({"scheduled_s": 5000.0 + t, "ttft_s": 0.1, "status": 200, "error": None}) + "\n"
+            )
+
+    again = render(tmp_path)
+    (rendered,) = again["replays"]
+    assert (
+        rendered["predicted_configured_startup"]["attainment"]
+        == replay["predicted_configured_startup"]["attainment"]
+    )
+    assert rendered["measured"]["timeline"]["missed"] == [0, 0, 0]
+    assert rendered["attainment_gap_pp"] == pytest.approx(
+        100 * (rendered["predicted_configured_startup"]["attainment"] - 1.0)
+    )
+    assert "Per 10 s of arrivals" in report(again)
+
+
+def test_render_refuses_a_calibrated_run_without_its_calibration_results(tmp_path):
+    result = {"command": f"python -m loadtests.gpu.autoscale_replay --out {tmp_path}", "replays": [],
+              "calibration": {"points": [{"concurrency": 1, "requests": 16}]}}  # fmt: skip
+    (tmp_path / "autoscale_replay.json").write_text(json.dumps(result))
+    with pytest.raises(SystemExit, match="calibration results are not there"):
+        render(tmp_path)
