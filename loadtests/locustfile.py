@@ -14,7 +14,8 @@ Options (Locust's --help lists only its own; environment variables in brackets):
   --seed S            workload and arrival seed, default 0 [HEADROOM_SEED]
   --raw-file PATH     per-request JSONL (below) [HEADROOM_RAW_FILE]
   --ignore-eos B      send vLLM's ignore_eos (default true: every request generates max_tokens)
-  --tokens-per-word X prompt sizing, default 1.3; `auto` asks vLLM's /tokenize (tiny-qwen3: ~4.4)
+  --tokens-per-word X prompt sizing, default 1.3; `auto` asks vLLM's /tokenize (tiny-qwen3: ~4.4), which
+                      headroom serves with security.optional_routes: [tokenize] (else the run stops)
   --input-tokens N    random's prompt length; --prefix-tokens N: shared-prefix's system prompt length
   --request-timeout S read timeout (default 600); --api-key K [OPENAI_API_KEY]; --extra-body JSON
   --ladder, --stop-ttft-p95-ms, --arrival-rate, --burstiness, --max-in-flight: the load shape
