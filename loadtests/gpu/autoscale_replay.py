@@ -606,6 +606,10 @@ def main() -> None:
     ap = parser()
     args = ap.parse_args()
     if args.render is not None:
+        if not (args.render / "autoscale_replay.json").is_file():
+            ap.error(
+                f"--render {args.render}: no autoscale_replay.json there (a replay run's --out directory)"
+            )
         result = render(args.render)
         (args.render / "report.md").write_text(report(result))
         write(result, args.render)

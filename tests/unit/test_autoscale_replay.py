@@ -13,6 +13,7 @@ from autoscale.sim import StaticPolicy, simulate
 from loadtests.gpu.autoscale_replay import (
     deployment_for,
     fixed_trace,
+    main,
     measured_timeline,
     one_replica_capacity,
     parse_cells,
@@ -134,3 +135,10 @@ def test_render_refuses_a_calibrated_run_without_its_calibration_results(tmp_pat
     (tmp_path / "autoscale_replay.json").write_text(json.dumps(result))
     with pytest.raises(SystemExit, match="calibration results are not there"):
         render(tmp_path)
+
+
+def test_render_of_a_directory_without_a_run_names_the_flag(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["autoscale_replay", "--render", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main()
+    assert "--render" in capsys.readouterr().err
