@@ -53,6 +53,7 @@ __all__ = [
     "SimSetup",
     "StaticPolicy",
     "simulate",
+    "ttft_bins",
 ]
 
 DRAIN_TAIL_S = 300.0
@@ -476,18 +477,25 @@ def _timeline(
     ready: list[int],
     bin_s: float,
 ) -> dict[str, Any]:
-    nb = max(1, math.ceil(trace.duration_s / bin_s))
-    bins = np.minimum((trace.arrival_s // bin_s).astype(np.int64), nb - 1)
-    p95 = [float(np.percentile(ttft[bins == b], 95.0)) if np.any(bins == b) else math.nan for b in range(nb)]
-    missed = np.bincount(bins[~ok], minlength=nb)
     return {
         "bin_s": bin_s,
         "rate_rps": trace.rate_per_bin(bin_s).tolist(),
-        "ttft_p95_ms": p95,
-        "missed": missed.tolist(),  # arrivals of each bin that missed the target (late, failed, unserved)
+        **ttft_bins(trace.arrival_s, ttft, ok, trace.duration_s, bin_s),
         "provisioned": provisioned,
         "ready": ready,
     }
+
+
+def ttft_bins(
+    arrival_s: np.ndarray, ttft_ms: np.ndarray, ok: np.ndarray, duration_s: float, bin_s: float
+) -> dict[str, list[Any]]:
+    """Per ``bin_s`` of arrival: TTFT p95 (nan where nothing arrived) and the arrivals that missed the target
+    (``~ok``: late, failed, unserved). The simulator's timelines and the GPU replay's measured ones."""
+    nb = max(1, math.ceil(duration_s / bin_s))
+    bins = np.minimum((np.asarray(arrival_s) // bin_s).astype(np.int64), nb - 1)
+    in_bin = [ttft_ms[bins == b] for b in range(nb)]
+    p95 = [float(np.percentile(v, 95.0)) if len(v) else math.nan for v in in_bin]
+    return {"ttft_p95_ms": p95, "missed": np.bincount(bins[~ok], minlength=nb).tolist()}
 
 
 # --------------------------------------------------------------------------------------------------------

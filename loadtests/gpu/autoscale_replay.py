@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -47,7 +46,7 @@ from autoscale.calibrate import Point, fit, point_from_vllm_bench_result
 from autoscale.experiment import Deployment, deployment_from
 from autoscale.inputs import PolicyConfig
 from autoscale.scenarios import PRODUCTION_CSV, production_format_csv
-from autoscale.sim import HeadroomPolicy, StaticPolicy, simulate
+from autoscale.sim import HeadroomPolicy, StaticPolicy, simulate, ttft_bins
 from autoscale.workload import RequestTrace, read_trace_csv
 from loadtests import raw_stats, vllm_bench, workloads
 from loadtests.autoscale_inputs import inputs_of
@@ -317,17 +316,10 @@ def measured_timeline(records: list[dict[str, Any]], target_ms: float, duration_
         return {"ttft_p95_ms": [], "missed": []}
     t0 = min(r["scheduled_s"] for r in records)
     end_ms = (duration_s + 120.0) * 1000.0
-    nb = max(1, math.ceil(duration_s / BIN_S))
-    ttft: list[list[float]] = [[] for _ in range(nb)]
-    missed = [0] * nb
-    for r in records:
-        b = min(nb - 1, int((r["scheduled_s"] - t0) // BIN_S))
-        ok = raw_stats.is_success(r) and r.get("ttft_s") is not None
-        ms = r["ttft_s"] * 1000.0 if ok else end_ms
-        ttft[b].append(ms)
-        missed[b] += ms > target_ms
-    p95 = [float(np.percentile(v, 95.0)) if v else math.nan for v in ttft]
-    return {"ttft_p95_ms": p95, "missed": missed}
+    served = np.array([raw_stats.is_success(r) and r.get("ttft_s") is not None for r in records])
+    ttft = np.array([r["ttft_s"] * 1000.0 if ok else end_ms for r, ok in zip(records, served, strict=True)])
+    arrival = np.array([r["scheduled_s"] - t0 for r in records])
+    return ttft_bins(arrival, ttft, served & (ttft <= target_ms), duration_s, BIN_S)
 
 
 def run_on_gpus(
