@@ -20,7 +20,8 @@ at high concurrency is kept as a check, not fitted: the real loop falls into wav
 does not. Where a run saved each request's send time and TTFT (`vllm bench serve --save-detailed`), the fit
 also matches TTFT p50 and p90 with those very arrivals replayed open loop (:func:`replay_arrivals`): the
 engine's first tokens under load, apart from the loop's dynamics. On one H100 that brought the simulator's
-open-loop attainment from 6-41 points above the measured to 5-18 (results/gpu/2026-12-07/replay).
+open-loop attainment from 6-41 points above the measured to 5-18 (results/gpu/2026-12-07/replay). Where it
+also kept each request's end-to-end latency, TPOT given the arrivals is reported beside it, not fitted.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ __all__ = ["Point", "fit", "main", "point_from_vllm_bench_result", "replay_arriv
 
 FITTED = ("step_ms", "prefill_ms_per_token", "decode_ms_per_seq", "request_overhead_ms")
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s")
+ARRIVAL_FITTED = ("ttft_p50_ms", "ttft_p90_ms")
+"""Matched given each request's real send time; TPOT so is a check only: fitting it too improved the
+calibration runs but not held-out ones (results/autoscale/experiments/tpot_given_arrivals.txt)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,9 @@ class Point:
     --save-detailed` does): the fit also replays these arrivals (:func:`replay_arrivals`)."""
     ttfts_ms: tuple[float, ...] = ()
     """Each request's measured TTFT, in the order of ``arrivals_s``."""
+    tpots_ms: tuple[float, ...] = ()
+    """Each request's measured time per output token after the first, in the order of ``arrivals_s`` (empty
+    where the run did not keep each request's end-to-end latency)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Point:
@@ -73,25 +80,22 @@ class Point:
         unknown = set(known.get("fit", ())) - set(METRICS)
         if unknown:
             raise ValueError(f"point {d.get('label')!r}: fit lists unknown metrics {sorted(unknown)}")
-        if len(known.get("arrivals_s", ())) != len(known.get("ttfts_ms", ())):
+        n_arrivals = len(known.get("arrivals_s", ()))
+        if n_arrivals != len(known.get("ttfts_ms", ())):
             raise ValueError(f"point {d.get('label')!r}: arrivals_s and ttfts_ms differ in length")
-        return cls(
-            **{
-                **known,
-                "fit": tuple(known.get("fit", METRICS)),
-                "arrivals_s": tuple(known.get("arrivals_s", ())),
-                "ttfts_ms": tuple(known.get("ttfts_ms", ())),
-            }
-        )
+        if known.get("tpots_ms") and len(known["tpots_ms"]) != n_arrivals:
+            raise ValueError(f"point {d.get('label')!r}: arrivals_s and tpots_ms differ in length")
+        per_request = {k: tuple(known.get(k, ())) for k in ("arrivals_s", "ttfts_ms", "tpots_ms")}
+        return cls(**{**known, "fit": tuple(known.get("fit", METRICS)), **per_request})
 
     def summary(self, cost: EngineCost, limits: EngineLimits) -> dict[str, Any]:
         """The point as result files show it (its per-request lists left out), with what the simulated
         engine gives: in its own closed loop, and given the measured arrivals."""
-        row = {k: v for k, v in asdict(self).items() if k not in ("arrivals_s", "ttfts_ms")}
+        row = {k: v for k, v in asdict(self).items() if k not in ("arrivals_s", "ttfts_ms", "tpots_ms")}
         row["simulated"] = replay_point(self, cost, limits)
         if self.arrivals_s:
             row["given_arrivals"] = {
-                "measured": arrival_ttfts(self.ttfts_ms),
+                "measured": arrival_metrics(self.ttfts_ms, self.tpots_ms),
                 "simulated": replay_arrivals(self, cost, limits),
             }
         return row
@@ -124,15 +128,20 @@ def replay_point(point: Point, cost: EngineCost, limits: EngineLimits) -> dict[s
     }
 
 
-def arrival_ttfts(ttfts_ms: Sequence[float]) -> dict[str, float]:
+def arrival_metrics(ttfts_ms: Sequence[float], tpots_ms: Sequence[float] = ()) -> dict[str, float]:
+    """What the fit matches given a run's arrivals: TTFT p50 and p90, and TPOT p50 where there are TPOTs."""
     p50, p90 = np.percentile(np.asarray(ttfts_ms, dtype=float), [50.0, 90.0])
-    return {"ttft_p50_ms": float(p50), "ttft_p90_ms": float(p90)}
+    out = {"ttft_p50_ms": float(p50), "ttft_p90_ms": float(p90)}
+    if len(tpots_ms):
+        out["tpot_p50_ms"] = float(np.median(np.asarray(tpots_ms, dtype=float)))
+    return out
 
 
 def replay_arrivals(point: Point, cost: EngineCost, limits: EngineLimits) -> dict[str, float]:
     """The point's requests sent to the simulated engine when they were really sent (open loop), so TTFT
-    is the engine model's alone: a real closed loop falls into waves that the simulated one does not
-    (results/gpu/README.md), and fitted to the closed loops' own TTFT that would bend the step costs."""
+    and TPOT are the engine model's alone: a real closed loop falls into waves that the simulated one does
+    not (results/gpu/README.md), and fitted to the closed loops' own TTFT that would bend the step costs.
+    TPOT comes back where the point has each request's (``tpots_ms``)."""
     n = len(point.arrivals_s)
     req = Requests.create(list(point.arrivals_s), [point.prompt_tokens] * n, [point.output_tokens] * n)
     engine = ReplicaEngine(cost, limits, req, ReplicaStatsWindow(30.0), 0.0)
@@ -141,7 +150,10 @@ def replay_arrivals(point: Point, cost: EngineCost, limits: EngineLimits) -> dic
         engine.submit(rid, t)
     while engine.step():
         pass
-    return arrival_ttfts(req.ttft_ms)
+    ttft = np.asarray(req.ttft_ms)
+    last_ms = (np.asarray(req.finished_s) - np.asarray(req.arrival_s)) * 1000.0 + cost.request_overhead_ms
+    decode_ms = last_ms - ttft
+    return arrival_metrics(ttft, decode_ms / max(1, point.output_tokens - 1) if point.tpots_ms else ())
 
 
 def _loss(points: Sequence[Point], cost: EngineCost, limits: EngineLimits) -> float:
@@ -153,8 +165,8 @@ def _loss(points: Sequence[Point], cost: EngineCost, limits: EngineLimits) -> fl
             if measured is not None:
                 total += math.log(sim[m] / measured) ** 2
         if p.arrivals_s:
-            measured_ttft, sim_ttft = arrival_ttfts(p.ttfts_ms), replay_arrivals(p, cost, limits)
-            total += sum(math.log(sim_ttft[m] / measured_ttft[m]) ** 2 for m in measured_ttft)
+            measured, sim_given = arrival_metrics(p.ttfts_ms, p.tpots_ms), replay_arrivals(p, cost, limits)
+            total += sum(math.log(sim_given[m] / measured[m]) ** 2 for m in ARRIVAL_FITTED if m in measured)
     return total
 
 
@@ -209,9 +221,16 @@ def point_from_vllm_bench_result(d: Mapping[str, Any], source: str) -> Point:
     """:func:`point_from_vllm_bench` from the saved result's contents."""
     done = int(d["completed"])
     c = int(d["max_concurrency"])
+    n = len(d.get("start_times") or [])
+    e2els, outs = d.get("e2els") or [math.nan] * n, d.get("output_lens") or [0] * n
     sent = sorted(
-        (t, f) for t, f in zip(d.get("start_times") or [], d.get("ttfts") or [], strict=False) if f > 0
+        (t, f, (e - f) / (o - 1) if o > 1 else math.nan)
+        for t, f, e, o in zip(d.get("start_times") or [], d.get("ttfts") or [], e2els, outs, strict=False)
+        if f > 0
     )
+    tpots = tuple(x * 1000.0 for *_, x in sent)
+    if not all(math.isfinite(x) for x in tpots):
+        tpots = ()
     return Point(
         label=f"vllm bench c={c}, {d['total_input_tokens'] / done:.0f}/{d['total_output_tokens'] / done:.0f}",
         source=source,
@@ -223,8 +242,9 @@ def point_from_vllm_bench_result(d: Mapping[str, Any], source: str) -> Point:
         tpot_p50_ms=d["median_tpot_ms"],
         output_tokens_per_s=d["output_throughput"],
         fit=METRICS if c == 1 else ("tpot_p50_ms", "output_tokens_per_s"),
-        arrivals_s=tuple(t - sent[0][0] for t, _ in sent),
-        ttfts_ms=tuple(f * 1000.0 for _, f in sent),
+        arrivals_s=tuple(t - sent[0][0] for t, *_ in sent),
+        ttfts_ms=tuple(f * 1000.0 for _, f, _ in sent),
+        tpots_ms=tpots,
     )
 
 

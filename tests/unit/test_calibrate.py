@@ -40,6 +40,23 @@ def test_a_saved_run_gives_its_arrivals_in_send_order_and_ttfts_in_ms():
     assert point_from_vllm_bench_result(without, "y.json").arrivals_s == ()
 
 
+def test_a_saved_run_with_latencies_gives_each_requests_tpot_in_send_order():
+    d = bench_result([105.0, 100.0], [0.3, 0.1], 2) | {"e2els": [1.57, 0.735], "output_lens": [128, 128]}
+    p = point_from_vllm_bench_result(d, "x.json")
+    assert p.tpots_ms == pytest.approx((5.0, 10.0))  # (0.735 - 0.1) / 127 s, then (1.57 - 0.3) / 127 s
+    assert point_from_vllm_bench_result(bench_result([1.0], [0.1], 1), "y.json").tpots_ms == ()
+
+
+def test_tpot_given_arrivals_is_a_lone_requests_decode_step():
+    """Alone after its prefill, a request decodes one token per step: step, one sequence, its context."""
+    cost = load_calibration().cost
+    p = Point("one", "x", 1, 1024, 128, 1, arrivals_s=(0.0,), ttfts_ms=(50.0,), tpots_ms=(7.0,))
+    mean_context = 1024 + 1 + 126 / 2  # context tokens over its 127 decode steps, on average
+    expected = cost.step_ms + cost.decode_ms_per_seq + cost.attention_ms_per_kv_token * mean_context
+    assert replay_arrivals(p, cost, LIMITS)["tpot_p50_ms"] == pytest.approx(expected, rel=1e-3)
+    assert "tpot_p50_ms" not in replay_arrivals(replace(p, tpots_ms=()), cost, LIMITS)
+
+
 def test_one_request_alone_takes_one_prefill_step_and_the_request_overhead():
     cost = load_calibration().cost
     p = Point("one", "x", 1, 1024, 128, 1, arrivals_s=(0.0,), ttfts_ms=(50.0,))
