@@ -41,7 +41,16 @@ from autoscale.calibration import DEFAULT_CALIBRATION, EngineCost, EngineLimits,
 from autoscale.replica_engine import ReplicaEngine, Requests
 from autoscale.replica_stats import ReplicaStatsWindow
 
-__all__ = ["Point", "fit", "main", "point_from_vllm_bench_result", "replay_arrivals", "replay_point"]
+__all__ = [
+    "ARRIVAL_FITTED",
+    "Point",
+    "arrival_metrics",
+    "fit",
+    "main",
+    "point_from_vllm_bench_result",
+    "replay_arrivals",
+    "replay_point",
+]
 
 FITTED = ("step_ms", "prefill_ms_per_token", "decode_ms_per_seq", "request_overhead_ms")
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s")
@@ -156,7 +165,9 @@ def replay_arrivals(point: Point, cost: EngineCost, limits: EngineLimits) -> dic
     return arrival_metrics(ttft, decode_ms / max(1, point.output_tokens - 1) if point.tpots_ms else ())
 
 
-def _loss(points: Sequence[Point], cost: EngineCost, limits: EngineLimits) -> float:
+def _loss(
+    points: Sequence[Point], cost: EngineCost, limits: EngineLimits, given_arrivals: Sequence[str]
+) -> float:
     total = 0.0
     for p in points:
         sim = replay_point(p, cost, limits)
@@ -166,13 +177,20 @@ def _loss(points: Sequence[Point], cost: EngineCost, limits: EngineLimits) -> fl
                 total += math.log(sim[m] / measured) ** 2
         if p.arrivals_s:
             measured, sim_given = arrival_metrics(p.ttfts_ms, p.tpots_ms), replay_arrivals(p, cost, limits)
-            total += sum(math.log(sim_given[m] / measured[m]) ** 2 for m in ARRIVAL_FITTED if m in measured)
+            total += sum(math.log(sim_given[m] / measured[m]) ** 2 for m in given_arrivals if m in measured)
     return total
 
 
-def fit(points: Sequence[Point], start: EngineCost, limits: EngineLimits, rounds: int = 6) -> EngineCost:
-    """Coordinate search in log space over :data:`FITTED`, halving the step each round."""
-    best, best_loss = start, _loss(points, start, limits)
+def fit(
+    points: Sequence[Point],
+    start: EngineCost,
+    limits: EngineLimits,
+    rounds: int = 6,
+    given_arrivals: Sequence[str] = ARRIVAL_FITTED,
+) -> EngineCost:
+    """Coordinate search in log space over :data:`FITTED`, halving the step each round; ``given_arrivals``:
+    the metrics matched with each point's arrivals replayed (of :func:`arrival_metrics`)."""
+    best, best_loss = start, _loss(points, start, limits, given_arrivals)
     step = math.log(2.0)
     for _ in range(rounds):
         improved = True
@@ -181,7 +199,7 @@ def fit(points: Sequence[Point], start: EngineCost, limits: EngineLimits, rounds
             for name in FITTED:
                 for sign in (1.0, -1.0):
                     trial = replace(best, **{name: getattr(best, name) * math.exp(sign * step)})
-                    loss = _loss(points, trial, limits)
+                    loss = _loss(points, trial, limits, given_arrivals)
                     if loss < best_loss - 1e-12:
                         best, best_loss, improved = trial, loss, True
         step /= 2.0
