@@ -82,7 +82,8 @@ def main() -> None:
         columns.append(gaps(directory, costs[f"pooled without {name}"]))
         for k, replay in enumerate(result["replays"]):
             cells = " | ".join(f"{column[k]:+.2f}" for column in columns)
-            print(f"| {name} | {replay['peak_replicas']} | {replay['measured']['attainment']:.2%} | {cells} |")
+            measured = replay["measured"]["attainment"]
+            print(f"| {name} | {replay['peak_replicas']} | {measured:.2%} | {cells} |")
     print()
     print("Step costs of each fit (ms):")
     for label, cost in costs.items():
@@ -93,7 +94,8 @@ def main() -> None:
     print("| run | fitted from | loss on its own points | replay gaps (pp) |")
     print("|---|---|---:|---|")
     for name, directory in RUNS.items():
-        for start_label, start in (("committed H200 calibration (shipped)", committed.cost), ("pooled fit", pooled)):
+        starts = (("committed H200 calibration (shipped)", committed.cost), ("pooled fit", pooled))
+        for start_label, start in starts:
             cost = fit(points[name], start, committed.limits)
             loss = _loss(points[name], cost, committed.limits, ARRIVAL_FITTED)
             shown = " / ".join(f"{g:+.2f}" for g in gaps(directory, cost))
