@@ -46,6 +46,7 @@ __all__ = [
     "Point",
     "arrival_metrics",
     "fit",
+    "fit_loss",
     "main",
     "point_from_vllm_bench_result",
     "replay_arrivals",
@@ -165,9 +166,13 @@ def replay_arrivals(point: Point, cost: EngineCost, limits: EngineLimits) -> dic
     return arrival_metrics(ttft, decode_ms / max(1, point.output_tokens - 1) if point.tpots_ms else ())
 
 
-def _loss(
-    points: Sequence[Point], cost: EngineCost, limits: EngineLimits, given_arrivals: Sequence[str]
+def fit_loss(
+    points: Sequence[Point],
+    cost: EngineCost,
+    limits: EngineLimits,
+    given_arrivals: Sequence[str] = ARRIVAL_FITTED,
 ) -> float:
+    """What :func:`fit` minimises: squared log ratios, simulated to measured, over each point's metrics."""
     total = 0.0
     for p in points:
         sim = replay_point(p, cost, limits)
@@ -190,7 +195,7 @@ def fit(
 ) -> EngineCost:
     """Coordinate search in log space over :data:`FITTED`, halving the step each round; ``given_arrivals``:
     the metrics matched with each point's arrivals replayed (of :func:`arrival_metrics`)."""
-    best, best_loss = start, _loss(points, start, limits, given_arrivals)
+    best, best_loss = start, fit_loss(points, start, limits, given_arrivals)
     step = math.log(2.0)
     for _ in range(rounds):
         improved = True
@@ -199,7 +204,7 @@ def fit(
             for name in FITTED:
                 for sign in (1.0, -1.0):
                     trial = replace(best, **{name: getattr(best, name) * math.exp(sign * step)})
-                    loss = _loss(points, trial, limits, given_arrivals)
+                    loss = fit_loss(points, trial, limits, given_arrivals)
                     if loss < best_loss - 1e-12:
                         best, best_loss, improved = trial, loss, True
         step /= 2.0

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoscale.calibrate import Point, fit, point_from_vllm_bench_result, replay_arrivals
+from autoscale.calibrate import Point, fit, fit_loss, point_from_vllm_bench_result, replay_arrivals
 from autoscale.calibration import EngineCost, EngineLimits, load_calibration
 from autoscale.replica_engine import ReplicaEngine, Requests
 from autoscale.replica_stats import ReplicaStatsWindow
@@ -116,3 +116,6 @@ def test_the_fit_recovers_first_tokens_under_load_from_the_arrivals_a_known_engi
         # The start is 20-40% off; the fit's coordinate search stops within a few percent.
         assert abs(was / measured - 1) > 0.2, (p.label, was, measured)
         assert abs(got / measured - 1) < 0.1, (p.label, got, measured)
+    # What the search minimises: nothing left for the true engine, and the fit's far below the start's.
+    assert fit_loss(points, true, LIMITS) == pytest.approx(0.0, abs=1e-12)
+    assert fit_loss(points, fitted, LIMITS) < 0.05 * fit_loss(points, start, LIMITS)

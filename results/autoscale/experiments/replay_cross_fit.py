@@ -23,7 +23,7 @@ import shlex
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from autoscale.calibrate import ARRIVAL_FITTED, Point, _loss, fit
+from autoscale.calibrate import Point, fit, fit_loss
 from autoscale.calibration import EngineCost
 from loadtests import workloads
 from loadtests.gpu.autoscale_replay import (
@@ -97,7 +97,7 @@ def main() -> None:
         starts = (("committed H200 calibration (shipped)", committed.cost), ("pooled fit", pooled))
         for start_label, start in starts:
             cost = fit(points[name], start, committed.limits)
-            loss = _loss(points[name], cost, committed.limits, ARRIVAL_FITTED)
+            loss = fit_loss(points[name], cost, committed.limits)
             shown = " / ".join(f"{g:+.2f}" for g in gaps(directory, cost))
             print(f"| {name} | {start_label} | {loss:.3f} | {shown} |")
 
