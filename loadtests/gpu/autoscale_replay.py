@@ -21,9 +21,11 @@ max --max-replicas, one per GPU), and the simulator's prediction for the same ar
    replica-seconds over the trace, measured and simulated on the same arrivals (workloads.arrival_times),
    with the configured start-up and with the start-up this run measured.
 
-Writes autoscale_replay.json (first with the prediction alone, so a run cut short still leaves it) and
-report.md. `bash loadtests/gpu/run.sh replay` (max replicas = the machine's GPUs; nvidia-h200-x2 or larger
-for the policy to scale); with a cold compile cache the first replica takes ~4 minutes, so run it detached
+Writes autoscale_replay.json (first with the prediction alone, so a run cut short still leaves it),
+report.md, and the engine steps vLLM timed during each calibration loop and each replay
+(calibration/steps_cK.json, steps_K.json: the replica's step log, one replica's when there are several).
+`bash loadtests/gpu/run.sh replay` (max replicas = the machine's GPUs; nvidia-h200-x2 or larger for the
+policy to scale); with a cold compile cache the first replica takes ~4 minutes, so run it detached
 (`run.sh start replay`, then `wait`).
 """
 
@@ -203,7 +205,10 @@ def calibrate(
 
     def bench(c: int, n: int, seed: int, name: str) -> dict[str, Any]:
         argv = vllm_bench.bench_args(URL, model, tokenizer, shape, c, n, seed, str(work), name)
-        return vllm_bench.run(argv)
+        since = time.time()
+        result = vllm_bench.run(argv)
+        save_engine_steps(since, work / f"steps_{name}")
+        return result
 
     bench(8, 16, args.seed + 100, "warmup.json")  # first requests of a fresh engine: not a point
     points = [
@@ -211,6 +216,15 @@ def calibrate(
         for i, (c, n) in enumerate(parse_cells(args.calibrate_at))
     ]
     return fitted(dep, points)
+
+
+def save_engine_steps(since_s: float, path: Path) -> None:
+    """The serving replica's engine steps since `since_s` (its step log, serve_app/serving/metrics.py), for
+    fitting step costs to what vLLM itself timed; one replica's (the handle picks one)."""
+    from ray import serve
+
+    steps = serve.get_app_handle(APP).engine_steps.remote(since_s).result(timeout_s=60)
+    path.write_text(json.dumps(steps))
 
 
 def fitted(dep: Deployment, points: list[Point]) -> tuple[Deployment, dict[str, Any]]:
@@ -355,7 +369,9 @@ def run_on_gpus(
             raw = args.out / f"raw_{i}.jsonl"
             raw.unlink(missing_ok=True)
             load_t0 = time.monotonic() - t0
+            since = time.time()
             proc = locust(model, replay["arrival_rate_steps"], args, raw)
+            save_engine_steps(since, args.out / f"steps_{i}.json")
             records = raw_stats.load_records(raw) if raw.exists() else []
             out = measured(records, list(watch.samples), load_t0, args, cfg.slo.ttft_p95_ms)
             out.update(locust_rc=proc.returncode, locust_tail=proc.stderr.decode(errors="replace")[-2000:])

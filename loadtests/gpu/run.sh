@@ -70,8 +70,9 @@ pack() {
   cp /tmp/ray/session_latest/logs/worker-*.{out,err} /tmp/ray/session_latest/logs/serve/controller_*.log \
     "$work/ray-logs/" 2>/dev/null || true
   tar -czf "$out/$name.tar.gz" -C "$(dirname "$work")" "$name"
-  # (Not the per-cell raw/ files of the overhead phases: they are in the archive.)
+  # (Not the per-cell raw/ files of the overhead phases nor the replay's step logs: they are in the archive.)
   find "$work" -maxdepth 2 \( -name '*.json' -o -name 'report.md' -o -name 'diag.txt' \) -not -path '*/raw/*' \
+    -not -name 'steps_*' \
     -size -8M | head -6 | while read -r f; do
     cp "$f" "$out/$(echo "${f#"$work"/}" | tr '/' '_')"
   done

@@ -90,6 +90,11 @@ class LLMServer:
         """What the autoscaling policy reads for this replica (autoscale/replica_stats.py)."""
         return self._metrics.window.report(time.time())
 
+    async def engine_steps(self, since_s: float = 0.0) -> list[dict[str, float]]:
+        """The engine's logged steps after `since_s` (wall clock), oldest first: what a calibration fits the
+        simulator's step costs to (loadtests/gpu/autoscale_replay.py saves them beside each closed loop)."""
+        return [step._asdict() for step in self._metrics.engine_steps if step.at_s > since_s]
+
     async def check_health(self) -> None:
         # Raises once the engine core process is gone, so Serve replaces this replica.
         await self._engine.check_health()

@@ -30,7 +30,7 @@ from vllm.v1.metrics.ray_wrappers import RayHistogramWrapper, RayPrometheusStatL
 
 from serve_app.config.security import RequestLimits, SecuritySection
 from serve_app.serving.asgi import ReplicaASGI, request_path
-from serve_app.serving.metrics import ServingMetrics, request_started_at
+from serve_app.serving.metrics import EngineStep, ServingMetrics, request_started_at
 from serve_app.serving.request_guard import Route, open_routes
 
 logger = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ def engine_stats_logger(metrics: ServingMetrics) -> type[StatLoggerBase]:
     """A vLLM stat logger that feeds every engine step into headroom's metrics: each first token's TTFT and
     each finished request's TPOT and length (the histograms), and, for the autoscaler
     (autoscale/replica_stats.py), the scheduler's running/waiting/KV numbers and the step's prompt,
-    generated and finished counts."""
+    generated and finished counts; each step also goes into the replica's step log (`engine_steps`)."""
     stats = metrics.window.engine
 
     class EngineStatsLogger(StatLoggerBase):
@@ -199,10 +199,17 @@ def engine_stats_logger(metrics: ServingMetrics) -> type[StatLoggerBase]:
                     if finished.finish_reason != FinishReason.ABORT:  # a client that left: no full TPOT
                         n = finished.num_generation_tokens
                         metrics.request_generated(finished.mean_time_per_output_token if n > 1 else None, n)
-                stats.record_step(
+                at_s, prompt, generated = (
                     iteration_stats.iteration_timestamp,
-                    prompt_tokens=iteration_stats.num_prompt_tokens,
-                    generation_tokens=iteration_stats.num_generation_tokens,
+                    iteration_stats.num_prompt_tokens,
+                    iteration_stats.num_generation_tokens,
+                )
+                state = (stats.num_running, stats.num_waiting, stats.kv_cache_usage)  # before this step
+                metrics.engine_steps.append(EngineStep(at_s, prompt, generated, *state))
+                stats.record_step(
+                    at_s,
+                    prompt_tokens=prompt,
+                    generation_tokens=generated,
                     finished=len(iteration_stats.finished_requests),
                 )
             if scheduler_stats is not None:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextvars
 import time
+from collections import deque
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from autoscale.replica_stats import ReplicaStatsWindow
 
@@ -31,6 +33,25 @@ TIMED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 LATENCY_BUCKETS_S = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 30, 60]
 TPOT_BUCKETS_S = [0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2]
 TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+
+ENGINE_STEP_LOG = 16_384
+"""Engine steps a replica keeps (about 3.5 MB, 2 us an append here): a calibration loop (at most ~2,000 steps)
+or 90 s of replay at an H100's lightest-load step rate (~150 steps/s) fits; older steps drop out."""
+
+
+class EngineStep(NamedTuple):
+    """One engine step as vLLM's stat logger saw it: when its outputs reached the replica (wall clock), its
+    prompt tokens (vLLM counts a prompt whole, cached tokens included, in the step that completes its
+    prefill) and generated tokens, and the scheduler's state it started from (the report after the step
+    before). The gap to the previous step is its duration while the engine is busy."""
+
+    at_s: float
+    prompt_tokens: int
+    generation_tokens: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+
 
 # Wall-clock time at which the current request entered the replica's HTTP app.
 request_started_at: contextvars.ContextVar[float | None] = contextvars.ContextVar(
@@ -70,6 +91,7 @@ class ServingMetrics:
         )
         self.requests.set_default_tags(tags)
         self._in_flight = 0
+        self.engine_steps: deque[EngineStep] = deque(maxlen=ENGINE_STEP_LOG)
 
     def request_started(self) -> None:
         self._in_flight += 1

@@ -53,6 +53,25 @@ def test_request_histograms_count_each_request(cluster):
     assert 0 < ttft_sum / ttft_count < 60
 
 
+def test_the_replica_logs_each_engine_step_it_served(cluster):
+    """The step log a calibration fits step costs to (`engine_steps`): the steps of these requests, in order,
+    with every prompt and generated token counted once."""
+    from ray import serve
+
+    time.sleep(0.5)  # steps of earlier tests' requests end before `since`
+    since = time.time()
+    client = cluster.client()
+    probe = {"model": "tiny-qwen3", "max_tokens": 6, "extra_body": {"ignore_eos": True}}
+    usages = [client.completions.create(prompt=f"step log probe {i} " * 8, **probe).usage for i in range(3)]
+    steps = serve.get_app_handle("main").engine_steps.remote(since).result(timeout_s=10)
+    times = [s["at_s"] for s in steps]
+    assert times == sorted(times) and since < times[0] and times[-1] < time.time()
+    assert sum(s["prompt_tokens"] for s in steps) == sum(u.prompt_tokens for u in usages)
+    assert sum(s["generation_tokens"] for s in steps) == sum(u.completion_tokens for u in usages) == 18
+    # One request at a time: each step started from at most one running sequence.
+    assert {s["num_running"] for s in steps} <= {0, 1}
+
+
 def test_error_statuses_are_counted(cluster):
     import httpx
 

@@ -7,7 +7,7 @@ import types
 
 from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.ray_wrappers import RayHistogramWrapper
-from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats
+from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 
 from autoscale.replica_stats import EngineStats
 from serve_app.serving.engine import (
@@ -16,7 +16,7 @@ from serve_app.serving.engine import (
     arrive_at_http_start,
     engine_stats_logger,
 )
-from serve_app.serving.metrics import request_started_at
+from serve_app.serving.metrics import EngineStep, request_started_at
 
 
 def make(name: str):
@@ -46,6 +46,7 @@ class RecordedMetrics:
 
     def __init__(self) -> None:
         self.window = types.SimpleNamespace(engine=EngineStats())
+        self.engine_steps: list[EngineStep] = []
         self.ttfts: list[float] = []
         self.generated: list[tuple[float | None, int]] = []
 
@@ -78,6 +79,22 @@ def test_headroom_histograms_come_from_vllms_step_stats() -> None:
     assert metrics.window.engine.finished == 3  # the autoscaler's counters still see every step
     logger.record(scheduler_stats=None, iteration_stats=None)  # the scheduler's state alone: no request
     assert len(metrics.ttfts) == 2
+
+
+def test_each_step_is_logged_with_the_scheduler_state_it_started_from() -> None:
+    metrics = RecordedMetrics()
+    logger = engine_stats_logger(metrics)(vllm_config=None)
+    first, second = IterationStats(), IterationStats()
+    first.iteration_timestamp, first.prompt_token_stats.total, first.num_generation_tokens = 100.0, 1024, 1
+    second.iteration_timestamp, second.prompt_token_stats.total, second.num_generation_tokens = 100.03, 512, 7
+    after_first = SchedulerStats(num_running_reqs=7, num_waiting_reqs=2, kv_cache_usage=0.25)
+    logger.record(scheduler_stats=after_first, iteration_stats=first)
+    logger.record(scheduler_stats=None, iteration_stats=None)  # a report without a step logs nothing
+    logger.record(scheduler_stats=None, iteration_stats=second)
+    assert metrics.engine_steps == [
+        EngineStep(100.0, 1024, 1, 0, 0, 0.0),  # the engine was idle before its first step
+        EngineStep(100.03, 512, 7, 7, 2, 0.25),
+    ]
 
 
 def test_a_request_arrives_when_the_replica_got_it() -> None:
