@@ -1,10 +1,13 @@
-"""headroom's and vLLM's Prometheus metrics, read from Ray's metrics export as Prometheus scrapes it."""
+"""headroom's and vLLM's Prometheus metrics, read from Ray's metrics export as Prometheus scrapes it, and the
+replica's engine step log."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+
+from autoscale.replica_stats import NUM_REQUESTS_RUNNING
 
 pytestmark = pytest.mark.integration
 
@@ -58,12 +61,17 @@ def test_the_replica_logs_each_engine_step_it_served(cluster):
     with every prompt and generated token counted once."""
     from ray import serve
 
-    time.sleep(0.5)  # steps of earlier tests' requests end before `since`
+    handle = serve.get_app_handle("main")
+    deadline = time.monotonic() + 30
+    # Earlier tests' requests have left the engine (their last step is logged before the idle report).
+    while handle.record_autoscaling_stats.remote().result(timeout_s=10)[NUM_REQUESTS_RUNNING] > 0:
+        assert time.monotonic() < deadline, "main's engine still runs earlier requests"
+        time.sleep(0.1)
     since = time.time()
     client = cluster.client()
     probe = {"model": "tiny-qwen3", "max_tokens": 6, "extra_body": {"ignore_eos": True}}
     usages = [client.completions.create(prompt=f"step log probe {i} " * 8, **probe).usage for i in range(3)]
-    steps = serve.get_app_handle("main").engine_steps.remote(since).result(timeout_s=10)
+    steps = handle.engine_steps.remote(since).result(timeout_s=10)
     times = [s["at_s"] for s in steps]
     assert times == sorted(times) and since < times[0] and times[-1] < time.time()
     assert sum(s["prompt_tokens"] for s in steps) == sum(u.prompt_tokens for u in usages)
