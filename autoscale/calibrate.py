@@ -12,6 +12,11 @@ value (the points here cannot tell it from the per-sequence decode cost).
         --out autoscale/data/h200_qwen3_8b.json
     python -m autoscale.calibrate --check --points POINTS.json --out CHECK.json   # held-out points, no fit
 
+``--steps PATH...`` fits the step costs, ``attention_ms_per_kv_token`` included, to the replica's step log
+during those runs instead (autoscale/step_log.py: linear, one minimum), and the request overhead alone to the
+points; on seven H100 replays that moved the simulated attainment from -4.9..+23.3 points of the measured to
+-0.3..+3.3 (results/autoscale/experiments/step_log_fit.txt).
+
 ``--vllm-bench PATH...`` adds `vllm bench serve --save-result` runs (closed loop at ``--max-concurrency``,
 lengths from their token totals). ``--ladder PATH:PROMPT_TOKENS`` adds every step of a ``headroom ladder``
 run (its recommended setting) as a point, with the prompt length the ladder sent and the ladder's
@@ -40,6 +45,7 @@ import numpy as np
 from autoscale.calibration import DEFAULT_CALIBRATION, EngineCost, EngineLimits, load_calibration
 from autoscale.replica_engine import ReplicaEngine, Requests
 from autoscale.replica_stats import ReplicaStatsWindow
+from autoscale.step_log import fit_step_costs
 
 __all__ = [
     "ARRIVAL_FITTED",
@@ -192,16 +198,18 @@ def fit(
     limits: EngineLimits,
     rounds: int = 6,
     given_arrivals: Sequence[str] = ARRIVAL_FITTED,
+    fitted: Sequence[str] = FITTED,
 ) -> EngineCost:
-    """Coordinate search in log space over :data:`FITTED`, halving the step each round; ``given_arrivals``:
-    the metrics matched with each point's arrivals replayed (of :func:`arrival_metrics`)."""
+    """Coordinate search in log space over ``fitted`` (the others stay at ``start``'s), halving the step each
+    round; ``given_arrivals``: the metrics matched with each point's arrivals replayed (of
+    :func:`arrival_metrics`)."""
     best, best_loss = start, fit_loss(points, start, limits, given_arrivals)
     step = math.log(2.0)
     for _ in range(rounds):
         improved = True
         while improved:
             improved = False
-            for name in FITTED:
+            for name in fitted:
                 for sign in (1.0, -1.0):
                     trial = replace(best, **{name: getattr(best, name) * math.exp(sign * step)})
                     loss = fit_loss(points, trial, limits, given_arrivals)
@@ -306,6 +314,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="no fit: replay the points on --start's costs and write what the simulator gives beside them",
     )
+    ap.add_argument(
+        "--steps",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="the replica's step logs during the points' runs (engine_steps, as "
+        "loadtests/gpu/autoscale_replay.py saves them): the step costs are fitted to them "
+        "(autoscale/step_log.py), the request overhead to the points",
+    )
     ap.add_argument("--max-num-seqs", type=int, default=256, help="engine max_num_seqs of the measured runs")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--kv-cache-tokens", type=int, default=794_064)
@@ -322,11 +339,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = load_calibration(args.start)
     if args.check:
         return check(points, args.start, start.cost, limits, Path(args.out))
-    cost = fit(points, start.cost, limits)
     sources = sorted({p.source for p in points})
-    cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sources))
-    attention = start.constants["attention_ms_per_kv_token"]
-    cal = replace(cal, constants={**cal.constants, "attention_ms_per_kv_token": attention})
+    if args.steps:
+        logs = [json.loads(Path(path).read_text()) for path in args.steps]
+        kv_tokens = {log.get("kv_cache_tokens") for log in logs if isinstance(log, dict)}
+        if len(logs) != sum(isinstance(log, dict) for log in logs) or len(kv_tokens) != 1:
+            ap.error("--steps: each log must be engine_steps' {kv_cache_tokens, steps}, all of one engine")
+        step = fit_step_costs([log["steps"] for log in logs], kv_tokens.pop())
+        cost = fit(points, replace(start.cost, **step), limits, fitted=("request_overhead_ms",))
+        cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sorted({*sources, *args.steps})))
+    else:
+        cost = fit(points, start.cost, limits)
+        cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sources))
+        attention = start.constants["attention_ms_per_kv_token"]
+        cal = replace(cal, constants={**cal.constants, "attention_ms_per_kv_token": attention})
     rows = [p.summary(cal.cost, limits) for p in points]
     cal = replace(cal, points=tuple(rows))
     out = Path(args.out)

@@ -3,7 +3,8 @@ replay, and a fit that recovers a known engine from what it produced."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -119,3 +120,33 @@ def test_the_fit_recovers_first_tokens_under_load_from_the_arrivals_a_known_engi
     # What the search minimises: nothing left for the true engine, and the fit's far below the start's.
     assert fit_loss(points, true, LIMITS) == pytest.approx(0.0, abs=1e-12)
     assert fit_loss(points, fitted, LIMITS) < 0.05 * fit_loss(points, start, LIMITS)
+
+
+def test_step_logs_give_the_step_costs_and_the_points_the_request_overhead(tmp_path):
+    """`--steps`: the step costs come from the engine's step log (a known engine's, exact), the request
+    overhead from the points' TTFT; a log saved without the KV cache's size is refused and nothing written."""
+    from autoscale.calibrate import main, replay_point
+    from tests.unit.test_step_log import KV_TOKENS, TRUE, engine_log
+
+    true = EngineCost(**TRUE, request_overhead_ms=25.0)
+    limits = EngineLimits(256, 8192, 794_064, 100_000)  # main's defaults
+    lone = Point("c1", "synthetic", 1, 1024, 128, 8, fit=("ttft_p50_ms",))
+    lone = replace(lone, ttft_p50_ms=replay_point(lone, true, limits)["ttft_p50_ms"])
+    points = tmp_path / "points.json"
+    points.write_text(json.dumps([{k: getattr(lone, k) for k in ("label", "source", "concurrency",
+        "prompt_tokens", "output_tokens", "requests", "ttft_p50_ms", "fit")}]))  # fmt: skip
+    log = tmp_path / "steps_c1.json"
+    log.write_text(
+        json.dumps({"kv_cache_tokens": KV_TOKENS, "block_size": 16, "steps": engine_log(600, seed=8)})
+    )
+    out = tmp_path / "cal.json"
+    assert main(["--points", str(points), "--steps", str(log), "--out", str(out)]) == 0
+    got = load_calibration(out)
+    assert asdict(got.cost) == pytest.approx(asdict(true), rel=0.02)
+    assert {c.status for c in got.constants.values()} == {"measured"}
+
+    log.write_text(json.dumps(engine_log(600, seed=8)))
+    out.unlink()
+    with pytest.raises(SystemExit):
+        main(["--points", str(points), "--steps", str(log), "--out", str(out)])
+    assert not out.exists()
