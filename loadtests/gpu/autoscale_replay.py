@@ -4,9 +4,10 @@ max --max-replicas, one per GPU), and the simulator's prediction for the same ar
     python -m loadtests.gpu.autoscale_replay --out OUT [--max-replicas N] [--config ...] [--predict-only]
 
 1. The calibration (`--calibrate-at`, on by default): once the first replica serves, `vllm bench serve`
-   closed loops at a few concurrencies (random --prompt-tokens/--max-tokens, EOS ignored) are fitted into
-   the simulator's step costs (autoscale/calibrate.py), so the prediction is for this machine's GPU, not
-   the committed calibration's (which is also reported, for the same arrivals).
+   closed loops at a few concurrencies (random --prompt-tokens/--max-tokens, EOS ignored); the simulator's
+   step costs are fitted to the replica's step log during them (autoscale/step_log.py) and its request
+   overhead to their TTFT (autoscale/calibrate.py), so the prediction is for this machine's GPU, not the
+   committed calibration's (which is also reported, for the same arrivals).
 2. The trace: the --duration-s of the synthetic production-format trace (autoscale/scenarios.py) with the
    highest peak against its mean, peaking in its middle third, arrivals per 10 s as open-loop rate steps,
    scaled so its peak needs --peak-replicas (default 0.55 x --max-replicas, at least 0.9) replicas of the
@@ -32,6 +33,7 @@ policy to scale); with a cold compile cache the first replica takes ~4 minutes, 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shlex
@@ -49,6 +51,7 @@ from autoscale.experiment import Deployment, deployment_from
 from autoscale.inputs import PolicyConfig
 from autoscale.scenarios import PRODUCTION_CSV, production_format_csv
 from autoscale.sim import HeadroomPolicy, StaticPolicy, simulate, ttft_bins
+from autoscale.step_log import fit_step_costs
 from autoscale.workload import RequestTrace, read_trace_csv
 from loadtests import raw_stats, vllm_bench, workloads
 from loadtests.autoscale_inputs import inputs_of
@@ -197,8 +200,8 @@ def parse_cells(spec: str) -> list[tuple[int, int]]:
 def calibrate(
     dep: Deployment, tokenizer: str, model: str, args: argparse.Namespace
 ) -> tuple[Deployment, dict[str, Any]]:
-    """The step costs fitted to closed loops on the serving replica (`vllm bench serve`), starting from
-    the committed calibration; the deployment with them, and the points with what the fit replays."""
+    """The costs fitted to closed loops on the serving replica (`vllm bench serve`) and to its step log
+    during them (:func:`fitted`); the deployment with them, and the points with what the fit replays."""
     work = args.out / "calibration"
     work.mkdir(parents=True, exist_ok=True)
     shape = vllm_bench.Workload("replay", args.prompt_tokens, args.max_tokens)
@@ -211,28 +214,67 @@ def calibrate(
         return result
 
     bench(8, 16, args.seed + 100, "warmup.json")  # first requests of a fresh engine: not a point
+    cells = parse_cells(args.calibrate_at)
     points = [
         point_from_vllm_bench_result(bench(c, n, args.seed + 101 + i, f"c{c}.json"), f"calibration/c{c}.json")
-        for i, (c, n) in enumerate(parse_cells(args.calibrate_at))
+        for i, (c, n) in enumerate(cells)
     ]
-    return fitted(dep, points)
+    return fitted(dep, points, saved_step_logs(args.out, cells))
 
 
 def save_engine_steps(since_s: float, path: Path) -> None:
-    """The serving replica's engine steps since `since_s` (its step log, serve_app/serving/metrics.py), for
-    fitting step costs to what vLLM itself timed; one replica's (the handle picks one)."""
+    """The serving replica's engine steps since `since_s` and its KV cache's size (its step log,
+    serve_app/serving/metrics.py), for fitting step costs to what vLLM itself timed; one replica's (the
+    handle picks one)."""
     from ray import serve
 
-    steps = serve.get_app_handle(APP).engine_steps.remote(since_s).result(timeout_s=60)
-    path.write_text(json.dumps(steps))
+    log = serve.get_app_handle(APP).engine_steps.remote(since_s).result(timeout_s=60)
+    path.write_text(json.dumps(log))
 
 
-def fitted(dep: Deployment, points: list[Point]) -> tuple[Deployment, dict[str, Any]]:
-    """`dep` with step costs fitted to `points` from its own, and the points with what the fit gives."""
-    cost = fit(points, dep.cost, dep.limits)
+def fitted(
+    dep: Deployment, points: list[Point], step_logs: list[dict[str, Any]] | None = None
+) -> tuple[Deployment, dict[str, Any]]:
+    """`dep` with step costs fitted, and the points with what the fit gives. With the calibration loops'
+    step logs, the step costs are fitted to them (autoscale/step_log.py) and the request overhead alone to
+    the points; without (runs before 2026-12-07's last three), every cost to the points, from `dep`'s."""
+    if step_logs:
+        kv_tokens = {log["kv_cache_tokens"] for log in step_logs}
+        if len(kv_tokens) != 1:
+            raise ValueError(
+                f"the calibration's step logs name different KV cache sizes: {sorted(kv_tokens)}"
+            )
+        step = fit_step_costs([log["steps"] for log in step_logs], kv_tokens.pop())
+        cost = fit(points, replace(dep.cost, **step), dep.limits, fitted=("request_overhead_ms",))
+    else:
+        cost = fit(points, dep.cost, dep.limits)
     rows = [p.summary(cost, dep.limits) for p in points]
     result = {"cost": asdict(cost), "points": rows, "committed_cost": asdict(dep.cost)}
+    if step_logs:
+        result["step_log_kv_cache_tokens"] = step_logs[0]["kv_cache_tokens"]
     return replace(dep, cost=cost, calibration=FITTED), result
+
+
+def saved_step_logs(directory: Path, cells: list[tuple[int, int]]) -> list[dict[str, Any]] | None:
+    """The step logs of a run's calibration loops (calibration/steps_cK.json as the run wrote them, or
+    calibration_steps_cK.json[.gz] as results keep them); None where one is missing or was saved without
+    the KV cache's size (the runs before it was saved)."""
+    logs = []
+    for c, _ in cells:
+        names = (
+            f"calibration/steps_c{c}.json",
+            f"calibration_steps_c{c}.json",
+            f"calibration_steps_c{c}.json.gz",
+        )
+        path = next((directory / n for n in names if (directory / n).exists()), None)
+        if path is None:
+            return None
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        log = json.loads(raw)
+        if not isinstance(log, dict):
+            return None
+        logs.append(log)
+    return logs
 
 
 def saved_points(directory: Path, cells: list[tuple[int, int]]) -> list[Point] | None:
@@ -444,9 +486,15 @@ def report(result: dict[str, Any]) -> str:
         lines += ["", *replay_lines(replay)]
     cal = result.get("calibration")
     if cal:
+        how = (
+            "the step costs fitted to the replica's step log during the loops (KV cache "
+            f"{cal['step_log_kv_cache_tokens']:,} tokens), the request overhead to their TTFT, from the"
+            if "step_log_kv_cache_tokens" in cal
+            else "fitted from the"
+        )
         lines += [
             "",
-            "Calibration on this machine (`vllm bench serve` closed loops on the replica, fitted from the "
+            f"Calibration on this machine (`vllm bench serve` closed loops on the replica, {how} "
             f"committed step costs {cal['committed_cost']}): {cal['cost']}",
             "",
             "TTFT in the closed loop (the simulated loop does not fall into the real one's waves) and given "
@@ -558,7 +606,7 @@ def render(directory: Path) -> dict[str, Any]:
     cells = [(q["concurrency"], q["requests"]) for q in result.get("calibration", {}).get("points", [])]
     points = saved_points(directory, cells) if cells else None
     if points:
-        dep, result["calibration"] = fitted(committed, points)
+        dep, result["calibration"] = fitted(committed, points, saved_step_logs(directory, cells))
     elif result.get("calibration"):
         raise SystemExit(f"{directory}: the run was calibrated, but its calibration results are not there")
     else:

@@ -90,10 +90,17 @@ class LLMServer:
         """What the autoscaling policy reads for this replica (autoscale/replica_stats.py)."""
         return self._metrics.window.report(time.time())
 
-    async def engine_steps(self, since_s: float = 0.0) -> list[dict[str, float]]:
-        """The engine's logged steps after `since_s` (wall clock), oldest first: what a calibration fits the
-        simulator's step costs to (loadtests/gpu/autoscale_replay.py saves them beside each closed loop)."""
-        return [step._asdict() for step in self._metrics.engine_steps if step.at_s > since_s]
+    async def engine_steps(self, since_s: float = 0.0) -> dict[str, Any]:
+        """The engine's logged steps after `since_s` (wall clock), oldest first, and the KV cache's size in
+        tokens and its block size (the steps give its usage as a fraction of blocks): what a calibration fits
+        the simulator's step costs to (autoscale/step_log.py; loadtests/gpu/autoscale_replay.py saves them
+        beside each closed loop)."""
+        cache = self._engine.vllm_config.cache_config
+        return {
+            "kv_cache_tokens": (cache.num_gpu_blocks or 0) * cache.block_size,
+            "block_size": cache.block_size,
+            "steps": [step._asdict() for step in self._metrics.engine_steps if step.at_s > since_s],
+        }
 
     async def check_health(self) -> None:
         # Raises once the engine core process is gone, so Serve replaces this replica.

@@ -71,13 +71,20 @@ def test_the_replica_logs_each_engine_step_it_served(cluster):
     client = cluster.client()
     probe = {"model": "tiny-qwen3", "max_tokens": 6, "extra_body": {"ignore_eos": True}}
     usages = [client.completions.create(prompt=f"step log probe {i} " * 8, **probe).usage for i in range(3)]
-    steps = handle.engine_steps.remote(since).result(timeout_s=10)
+    log = handle.engine_steps.remote(since).result(timeout_s=10)
+    steps = log["steps"]
     times = [s["at_s"] for s in steps]
     assert times == sorted(times) and since < times[0] and times[-1] < time.time()
     assert sum(s["prompt_tokens"] for s in steps) == sum(u.prompt_tokens for u in usages)
     assert sum(s["generation_tokens"] for s in steps) == sum(u.completion_tokens for u in usages) == 18
     # One request at a time: each step started from at most one running sequence.
     assert {s["num_running"] for s in steps} <= {0, 1}
+    # The KV cache's size turns each step's usage (a fraction of its blocks) into tokens: the one request
+    # decoding holds at least its prompt, and at most its prompt and output rounded up to whole blocks.
+    held = max(s["kv_cache_usage"] for s in steps) * log["kv_cache_tokens"]
+    largest = max(usages, key=lambda u: u.total_tokens)
+    block = log["block_size"]
+    assert largest.prompt_tokens <= round(held) <= -(-largest.total_tokens // block) * block
 
 
 def test_error_statuses_are_counted(cluster):

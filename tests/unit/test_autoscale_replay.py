@@ -3,8 +3,10 @@ config."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,3 +144,29 @@ def test_render_of_a_directory_without_a_run_names_the_flag(tmp_path, monkeypatc
     with pytest.raises(SystemExit):
         main()
     assert "--render" in capsys.readouterr().err
+
+
+def test_the_calibration_fits_step_costs_to_step_logs_that_carry_the_kv_cache_size(gpu_config, tmp_path):
+    """Step logs saved with the KV cache's size (engine_steps since this evening) give the step costs; the
+    three runs that saved bare step lists are rendered with the percentile fit they reported."""
+    from autoscale.calibrate import Point
+    from loadtests.gpu.autoscale_replay import fitted, saved_step_logs
+    from tests.unit.test_step_log import KV_TOKENS, TRUE, engine_log
+
+    log = {"kv_cache_tokens": KV_TOKENS, "block_size": 16, "steps": engine_log(300, seed=9)}
+    (tmp_path / "calibration_steps_c1.json.gz").write_bytes(gzip.compress(json.dumps(log).encode()))
+    logs = saved_step_logs(tmp_path, [(1, 16)])
+    assert logs == [log]
+    dep = deployment_for(gpu_config, 1)
+    lone = Point("c1", "synthetic", 1, 1024, 128, 8, ttft_p50_ms=60.0, fit=("ttft_p50_ms",))
+    with_steps, result = fitted(dep, [lone], logs)
+    assert {k: getattr(with_steps.cost, k) for k in TRUE} == pytest.approx(TRUE, rel=1e-6)
+    assert result["step_log_kv_cache_tokens"] == KV_TOKENS
+    run = {"command": "", "ttft_target_ms": 1000, "max_replicas": 1, "replays": [], "calibration": result}
+    assert "fitted to the replica's step log" in report(run)
+    with pytest.raises(ValueError, match="different KV cache sizes"):
+        fitted(dep, [lone], [log, {**log, "kv_cache_tokens": KV_TOKENS // 2}])
+
+    earlier = Path(__file__).resolve().parents[2] / "results/gpu/2026-12-07/replay-steps-seed17"
+    assert saved_step_logs(earlier, [(1, 16)]) is None
+    assert saved_step_logs(tmp_path, [(1, 16), (16, 64)]) is None  # one missing
