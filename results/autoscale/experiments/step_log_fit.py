@@ -1,0 +1,126 @@
+"""Step costs fitted to the engine's step log: do they carry from closed loops to an open loop's overload,
+and to other runs? (An experiment; not shipped.)
+
+    python results/autoscale/experiments/step_log_fit.py > results/autoscale/experiments/step_log_fit.txt
+
+Three H100 replay runs saved the replica's step log during each calibration loop and each replay
+(results/gpu/2026-12-07/replay-steps-seed{11,13,17}). For each, the step costs are fitted to its calibration
+loops' logs alone (autoscale.step_log.fit_step_costs) and the request overhead to its closed loops' TTFT with
+those costs held (autoscale.calibrate.fit over request_overhead_ms alone). Then:
+
+1. The busy time each replay's own log measured against what those costs give for the same steps.
+2. Simulated minus measured attainment (points) of every replay window of the seven H100 runs, with each
+   step-log fit and with the coordinate search over percentiles each run reported (its own points, the
+   shipped calibration), so the four earlier runs (no step log) are held out from every step-log fit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import tarfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from replay_cross_fit import RUNS as EARLIER_RUNS
+from replay_cross_fit import gaps, run_points
+
+from autoscale.calibrate import fit, fit_loss
+from autoscale.calibration import EngineCost
+from autoscale.step_log import STEP_WINDOW, fit_step_costs, step_windows
+from loadtests.gpu.autoscale_replay import deployment_for, replay_config
+from serve_app.config import load_config_files
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = ("configs/base.yaml", "loadtests/gpu/qwen3-8b.yaml")
+STEP_RUNS = {f"seed{s}": ROOT / f"results/gpu/2026-12-07/replay-steps-seed{s}" for s in (11, 13, 17)}
+
+
+def kv_cache_tokens(directory: Path) -> int:
+    """The engine's KV cache as vLLM logged it at start-up (it differs by a few blocks from run to run)."""
+    with tarfile.open(directory / "ray-logs.tar.gz") as tar:
+        for member in tar.getmembers():
+            f = tar.extractfile(member)
+            if f is None:
+                continue
+            found = re.search(rb"GPU KV cache size: ([\d,]+) tokens", f.read())
+            if found:
+                return int(found.group(1).replace(b",", b""))
+    raise SystemExit(f"{directory}: no KV cache size in its Ray logs")
+
+
+def log(path: Path) -> list[dict]:
+    return json.load(io.TextIOWrapper(gzip.open(path)))
+
+
+def main() -> None:
+    committed = deployment_for(replay_config(load_config_files(*CONFIG), 1), 1)
+    limits = committed.limits
+    costs: dict[str, EngineCost] = {}
+    kv = {name: kv_cache_tokens(d) for name, d in STEP_RUNS.items()}
+    print(
+        "Step-log fits (calibration loops only), then the request overhead fitted to the same run's points:"
+    )
+    for name, d in STEP_RUNS.items():
+        step = fit_step_costs([log(p) for p in sorted(d.glob("calibration_steps_c*.json.gz"))], kv[name])
+        start = replace(committed.cost, **step)
+        points = run_points(d)
+        cost = fit(points, start, limits, fitted=("request_overhead_ms",))
+        shipped = fit(points, committed.cost, limits)
+        costs[f"steps {name}"] = cost
+        print(
+            f"  {name} (KV {kv[name]:,} tokens): "
+            + ", ".join(f"{k} {v:.4g}" for k, v in vars_of(cost).items())
+            + f"; loss on its points {fit_loss(points, cost, limits):.3f}"
+            + f" (the percentile search's: {fit_loss(points, shipped, limits):.3f})"
+        )
+
+    print()
+    print(
+        f"Busy time of each replay's own step log (windows of {STEP_WINDOW} busy steps), given by each fit"
+        " / measured:"
+    )
+    print("| replay | measured s | " + " | ".join(costs) + " |")
+    print("|" + "---|" * (len(costs) + 2))
+    for name, d in STEP_RUNS.items():
+        for k in (0, 1):
+            durations, rows = step_windows(log(d / f"steps_{k}.json.gz"), kv[name])
+            cells = []
+            for cost in costs.values():
+                c = np.array(
+                    [
+                        cost.step_ms,
+                        cost.prefill_ms_per_token,
+                        cost.decode_ms_per_seq,
+                        cost.attention_ms_per_kv_token,
+                    ]
+                )
+                cells.append(f"{float((rows @ c).sum() / durations.sum()):.3f}")
+            print(f"| {name} #{k} | {durations.sum() / 1000:.1f} | " + " | ".join(cells) + " |")
+
+    print()
+    print("Simulated minus measured attainment (points): the run's own percentile fit (as reported) and each")
+    print("step-log fit; the earlier four runs have no step log and are held out from every step-log fit.")
+    print("| run | peak | measured | own percentile fit | " + " | ".join(costs) + " |")
+    print("|" + "---|" * (len(costs) + 4))
+    all_runs = {**EARLIER_RUNS, **STEP_RUNS}
+    for name, d in all_runs.items():
+        result = json.loads((d / "autoscale_replay.json").read_text())
+        own = gaps(d, fit(run_points(d), committed.cost, limits))
+        columns = [own, *(gaps(d, cost) for cost in costs.values())]
+        for k, replay in enumerate(result["replays"]):
+            cells = " | ".join(f"{column[k]:+.2f}" for column in columns)
+            print(
+                f"| {name} | {replay['peak_replicas']} | {replay['measured']['attainment']:.2%} | {cells} |"
+            )
+
+
+def vars_of(cost: EngineCost) -> dict[str, float]:
+    return {k: getattr(cost, k) for k in EngineCost.__slots__}
+
+
+if __name__ == "__main__":
+    main()
