@@ -71,9 +71,11 @@ pack() {
     "$work/ray-logs/" 2>/dev/null || true
   tar -czf "$out/$name.tar.gz" -C "$(dirname "$work")" "$name"
   # (Not the per-cell raw/ files of the overhead phases nor the replay's step logs: they are in the archive.)
-  find "$work" -maxdepth 2 \( -name '*.json' -o -name 'report.md' -o -name 'diag.txt' \) -not -path '*/raw/*' \
-    -not -name 'steps_*' \
-    -size -8M | head -6 | while read -r f; do
+  # The phase's own summaries (top level) first, then its parts', six at most.
+  for depth in 1 2; do
+    find "$work" -mindepth "$depth" -maxdepth "$depth" \( -name '*.json' -o -name 'report.md' -o -name 'diag.txt' \) \
+      -not -path '*/raw/*' -not -name 'steps_*' -size -8M | sort
+  done | head -6 | while read -r f; do
     cp "$f" "$out/$(echo "${f#"$work"/}" | tr '/' '_')"
   done
 }
