@@ -237,22 +237,25 @@ def fitted(
 ) -> tuple[Deployment, dict[str, Any]]:
     """`dep` with step costs fitted, and the points with what the fit gives. With the calibration loops'
     step logs, the step costs are fitted to them (autoscale/step_log.py) and the request overhead alone to
-    the points; without (runs before 2026-12-07's last three), every cost to the points, from `dep`'s."""
+    the points, and the simulated engine gets the real one's KV cache (the plan's is for the config's GPU,
+    not necessarily this one); without (runs before 2026-12-07's last three), every cost to the points,
+    from `dep`'s."""
+    limits = dep.limits
     if step_logs:
-        kv_tokens = {log["kv_cache_tokens"] for log in step_logs}
-        if len(kv_tokens) != 1:
-            raise ValueError(
-                f"the calibration's step logs name different KV cache sizes: {sorted(kv_tokens)}"
-            )
-        step = fit_step_costs([log["steps"] for log in step_logs], kv_tokens.pop())
-        cost = fit(points, replace(dep.cost, **step), dep.limits, fitted=("request_overhead_ms",))
+        kv_sizes = {log["kv_cache_tokens"] for log in step_logs}
+        if len(kv_sizes) != 1:
+            raise ValueError(f"the calibration's step logs name different KV cache sizes: {sorted(kv_sizes)}")
+        kv_tokens = kv_sizes.pop()
+        limits = replace(limits, kv_cache_tokens=kv_tokens)
+        step = fit_step_costs([log["steps"] for log in step_logs], kv_tokens)
+        cost = fit(points, replace(dep.cost, **step), limits, fitted=("request_overhead_ms",))
     else:
-        cost = fit(points, dep.cost, dep.limits)
-    rows = [p.summary(cost, dep.limits) for p in points]
+        cost = fit(points, dep.cost, limits)
+    rows = [p.summary(cost, limits) for p in points]
     result = {"cost": asdict(cost), "points": rows, "committed_cost": asdict(dep.cost)}
     if step_logs:
-        result["step_log_kv_cache_tokens"] = step_logs[0]["kv_cache_tokens"]
-    return replace(dep, cost=cost, calibration=FITTED), result
+        result["step_log_kv_cache_tokens"] = limits.kv_cache_tokens
+    return replace(dep, cost=cost, limits=limits, calibration=FITTED), result
 
 
 def saved_step_logs(directory: Path, cells: list[tuple[int, int]]) -> list[dict[str, Any]] | None:
@@ -487,8 +490,9 @@ def report(result: dict[str, Any]) -> str:
     cal = result.get("calibration")
     if cal:
         how = (
-            "the step costs fitted to the replica's step log during the loops (KV cache "
-            f"{cal['step_log_kv_cache_tokens']:,} tokens), the request overhead to their TTFT, from the"
+            "the step costs fitted to the replica's step log during the loops and its KV cache "
+            f"({cal['step_log_kv_cache_tokens']:,} tokens) simulated, the request overhead fitted to their "
+            "TTFT, from the"
             if "step_log_kv_cache_tokens" in cal
             else "fitted from the"
         )

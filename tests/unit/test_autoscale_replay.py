@@ -161,7 +161,8 @@ def test_the_calibration_fits_step_costs_to_step_logs_that_carry_the_kv_cache_si
     lone = Point("c1", "synthetic", 1, 1024, 128, 8, ttft_p50_ms=60.0, fit=("ttft_p50_ms",))
     with_steps, result = fitted(dep, [lone], logs)
     assert {k: getattr(with_steps.cost, k) for k in TRUE} == pytest.approx(TRUE, rel=1e-6)
-    assert result["step_log_kv_cache_tokens"] == KV_TOKENS
+    assert result["step_log_kv_cache_tokens"] == with_steps.limits.kv_cache_tokens == KV_TOKENS
+    assert with_steps.limits.max_num_seqs == dep.limits.max_num_seqs
     run = {"command": "", "ttft_target_ms": 1000, "max_replicas": 1, "replays": [], "calibration": result}
     assert "fitted to the replica's step log" in report(run)
     with pytest.raises(ValueError, match="different KV cache sizes"):
