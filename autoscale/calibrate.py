@@ -325,7 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--max-num-seqs", type=int, default=256, help="engine max_num_seqs of the measured runs")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    ap.add_argument("--kv-cache-tokens", type=int, default=794_064)
+    ap.add_argument(
+        "--kv-cache-tokens", type=int, default=794_064, help="the measured engine's (with --steps: the logs')"
+    )
     args = ap.parse_args(argv)
 
     points = [Point.from_dict(p) for p in json.loads(Path(args.points).read_text())] if args.points else []
@@ -345,7 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         kv_tokens = {log.get("kv_cache_tokens") for log in logs if isinstance(log, dict)}
         if len(logs) != sum(isinstance(log, dict) for log in logs) or len(kv_tokens) != 1:
             ap.error("--steps: each log must be engine_steps' {kv_cache_tokens, steps}, all of one engine")
-        step = fit_step_costs([log["steps"] for log in logs], kv_tokens.pop())
+        limits = replace(limits, kv_cache_tokens=kv_tokens.pop())  # the engine's own, over the flag's
+        step = fit_step_costs([log["steps"] for log in logs], limits.kv_cache_tokens)
         cost = fit(points, replace(start.cost, **step), limits, fitted=("request_overhead_ms",))
         cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sorted({*sources, *args.steps})))
     else:
