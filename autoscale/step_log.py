@@ -11,10 +11,11 @@ with P the step's prompt tokens, D its generated tokens (one per decoding sequen
 of the prompts it completed) and K the KV cache's tokens in use. One step's own gap is a noisy measure
 of it: outputs reach the replica through a queue, so a slow step's report can come late and the next one
 early. Sums over windows of consecutive busy steps cancel that, and so they are what is fitted
-(non-negative: each cost is a cost). The fit is linear and has one minimum, where the coordinate search over
-percentiles (autoscale/calibrate.py) stops where it starts it (results/autoscale/experiments/
+(non-negative: each cost is a cost). The fit is linear with one minimum; the coordinate search over
+percentiles (autoscale/calibrate.py) stops wherever its start leads it (results/autoscale/experiments/
 replay_cross_fit.txt). What the step log cannot give, the way in and out of a request
-(``request_overhead_ms``), is still fitted to the closed loops' TTFT.
+(``request_overhead_ms``), is still fitted to the closed loops' TTFT. On seven H100 replays:
+results/autoscale/experiments/step_log_fit.txt.
 
 Pure: numpy.
 """

@@ -43,7 +43,8 @@ class EngineStep(NamedTuple):
     """One engine step as vLLM's stat logger saw it: when its outputs reached the replica (wall clock), its
     prompt tokens (vLLM counts a prompt whole, cached tokens included, in the step that completes its
     prefill) and generated tokens, and the scheduler's state it started from (the report after the step
-    before). The gap to the previous step is its duration while the engine is busy."""
+    before). While the engine is busy, the gap to the previous step is its duration, give or take how late
+    each report arrived (autoscale/step_log.py sums them over windows)."""
 
     at_s: float
     prompt_tokens: int
