@@ -53,6 +53,7 @@ __all__ = [
     "arrival_metrics",
     "fit",
     "fit_loss",
+    "fit_to_step_logs",
     "main",
     "point_from_vllm_bench_result",
     "replay_arrivals",
@@ -219,6 +220,22 @@ def fit(
     return best
 
 
+def fit_to_step_logs(
+    points: Sequence[Point], start: EngineCost, limits: EngineLimits, logs: Sequence[Any]
+) -> tuple[EngineCost, EngineLimits]:
+    """The step costs fitted to one engine's step logs (``engine_steps``' ``{kv_cache_tokens, steps}``,
+    autoscale/step_log.py) and the request overhead alone to ``points``; and ``limits`` with that engine's
+    KV cache. Raises ValueError for a log without the KV cache's size or logs of different engines."""
+    if not all(isinstance(log, Mapping) and {"kv_cache_tokens", "steps"} <= set(log) for log in logs):
+        raise ValueError("each step log must be engine_steps' {kv_cache_tokens, steps}")
+    kv_sizes = {log["kv_cache_tokens"] for log in logs}
+    if len(kv_sizes) != 1:
+        raise ValueError(f"the step logs name different KV cache sizes: {sorted(kv_sizes)}")
+    limits = replace(limits, kv_cache_tokens=kv_sizes.pop())
+    step = fit_step_costs([log["steps"] for log in logs], limits.kv_cache_tokens)
+    return fit(points, replace(start, **step), limits, fitted=("request_overhead_ms",)), limits
+
+
 def points_from_ladder(path: str, prompt_tokens: int) -> list[Point]:
     """Every step of a ladder result's recommended (else last) run, as closed-loop points."""
     data = json.loads(Path(path).read_text())
@@ -344,12 +361,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sources = sorted({p.source for p in points})
     if args.steps:
         logs = [json.loads(Path(path).read_text()) for path in args.steps]
-        kv_tokens = {log.get("kv_cache_tokens") for log in logs if isinstance(log, dict)}
-        if len(logs) != sum(isinstance(log, dict) for log in logs) or len(kv_tokens) != 1:
-            ap.error("--steps: each log must be engine_steps' {kv_cache_tokens, steps}, all of one engine")
-        limits = replace(limits, kv_cache_tokens=kv_tokens.pop())  # the engine's own, over the flag's
-        step = fit_step_costs([log["steps"] for log in logs], limits.kv_cache_tokens)
-        cost = fit(points, replace(start.cost, **step), limits, fitted=("request_overhead_ms",))
+        try:  # the logged engine's KV cache, over the flag's
+            cost, limits = fit_to_step_logs(points, start.cost, limits, logs)
+        except ValueError as e:
+            ap.error(f"--steps: {e}")
         cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sorted({*sources, *args.steps})))
     else:
         cost = fit(points, start.cost, limits)

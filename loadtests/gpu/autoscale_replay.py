@@ -46,12 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from autoscale.calibrate import Point, fit, point_from_vllm_bench_result
+from autoscale.calibrate import Point, fit, fit_to_step_logs, point_from_vllm_bench_result
 from autoscale.experiment import Deployment, deployment_from
 from autoscale.inputs import PolicyConfig
 from autoscale.scenarios import PRODUCTION_CSV, production_format_csv
 from autoscale.sim import HeadroomPolicy, StaticPolicy, simulate, ttft_bins
-from autoscale.step_log import fit_step_costs
 from autoscale.workload import RequestTrace, read_trace_csv
 from loadtests import raw_stats, vllm_bench, workloads
 from loadtests.autoscale_inputs import inputs_of
@@ -240,17 +239,10 @@ def fitted(
     the points, and the simulated engine gets the real one's KV cache (the plan's is for the config's GPU,
     not necessarily this one); without (runs before 2026-12-07's last three), every cost to the points,
     from `dep`'s."""
-    limits = dep.limits
     if step_logs:
-        kv_sizes = {log["kv_cache_tokens"] for log in step_logs}
-        if len(kv_sizes) != 1:
-            raise ValueError(f"the calibration's step logs name different KV cache sizes: {sorted(kv_sizes)}")
-        kv_tokens = kv_sizes.pop()
-        limits = replace(limits, kv_cache_tokens=kv_tokens)
-        step = fit_step_costs([log["steps"] for log in step_logs], kv_tokens)
-        cost = fit(points, replace(dep.cost, **step), limits, fitted=("request_overhead_ms",))
+        cost, limits = fit_to_step_logs(points, dep.cost, dep.limits, step_logs)
     else:
-        cost = fit(points, dep.cost, limits)
+        cost, limits = fit(points, dep.cost, dep.limits), dep.limits
     rows = [p.summary(cost, limits) for p in points]
     result = {"cost": asdict(cost), "points": rows, "committed_cost": asdict(dep.cost)}
     if step_logs:
