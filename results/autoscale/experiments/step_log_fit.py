@@ -1,12 +1,13 @@
 """Step costs fitted to the engine's step log: do they carry from closed loops to an open loop's overload,
-and to other runs? (An experiment; not shipped.)
+and to other runs? (An experiment; the fit it judges is the one the replay's calibration and `python -m
+autoscale.calibrate --steps` use.)
 
     python results/autoscale/experiments/step_log_fit.py > results/autoscale/experiments/step_log_fit.txt
 
 Three H100 replay runs saved the replica's step log during each calibration loop and each replay
 (results/gpu/2026-12-07/replay-steps-seed{11,13,17}). For each, the step costs are fitted to its calibration
-loops' logs alone (autoscale.step_log.fit_step_costs) and the request overhead to its closed loops' TTFT with
-those costs held (autoscale.calibrate.fit over request_overhead_ms alone). Then:
+loops' logs alone and the request overhead to its closed loops' TTFT with those costs held
+(autoscale.calibrate.fit_to_step_logs). Then:
 
 1. The busy time each replay's own log measured against what those costs give for the same steps.
 2. Simulated minus measured attainment (points) of every replay window of the seven H100 runs, with each
@@ -21,16 +22,15 @@ import io
 import json
 import re
 import tarfile
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from replay_cross_fit import RUNS as EARLIER_RUNS
 from replay_cross_fit import gaps, run_points
 
-from autoscale.calibrate import fit, fit_loss
+from autoscale.calibrate import fit, fit_loss, fit_to_step_logs
 from autoscale.calibration import EngineCost
-from autoscale.step_log import STEP_WINDOW, fit_step_costs, step_windows
+from autoscale.step_log import STEP_WINDOW, step_windows
 from loadtests.gpu.autoscale_replay import deployment_for, replay_config
 from serve_app.config import load_config_files
 
@@ -65,10 +65,13 @@ def main() -> None:
         "Step-log fits (calibration loops only), then the request overhead fitted to the same run's points:"
     )
     for name, d in STEP_RUNS.items():
-        step = fit_step_costs([log(p) for p in sorted(d.glob("calibration_steps_c*.json.gz"))], kv[name])
-        start = replace(committed.cost, **step)
+        # These runs saved bare step lists; the KV cache's size comes from their Ray logs.
+        logs = [
+            {"kv_cache_tokens": kv[name], "steps": log(p)}
+            for p in sorted(d.glob("calibration_steps_c*.json.gz"))
+        ]
         points = run_points(d)
-        cost = fit(points, start, limits, fitted=("request_overhead_ms",))
+        cost, _ = fit_to_step_logs(points, committed.cost, limits, logs)
         shipped = fit(points, committed.cost, limits)
         costs[f"steps {name}"] = cost
         print(
