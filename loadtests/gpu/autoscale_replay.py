@@ -250,45 +250,34 @@ def fitted(
     return replace(dep, cost=cost, limits=limits, calibration=FITTED), result
 
 
+def saved_calibration_json(directory: Path, name: str) -> Any:
+    """One file of a run's calibration, parsed: as the run wrote it (calibration/NAME), as run.sh brings it
+    back (calibration_NAME), or as results keep it (calibration_NAME.gz); None where it is not there."""
+    for path in (directory / "calibration" / name, directory / f"calibration_{name}"):
+        if path.exists():
+            return json.loads(path.read_bytes())
+        gz = path.with_name(path.name + ".gz")
+        if gz.exists():
+            return json.loads(gzip.decompress(gz.read_bytes()))
+    return None
+
+
 def saved_step_logs(directory: Path, cells: list[tuple[int, int]]) -> list[dict[str, Any]] | None:
-    """The step logs of a run's calibration loops (calibration/steps_cK.json as the run wrote them, or
-    calibration_steps_cK.json[.gz] as results keep them); None where one is missing or was saved without
-    the KV cache's size (the runs before it was saved)."""
-    logs = []
-    for c, _ in cells:
-        names = (
-            f"calibration/steps_c{c}.json",
-            f"calibration_steps_c{c}.json",
-            f"calibration_steps_c{c}.json.gz",
-        )
-        path = next((directory / n for n in names if (directory / n).exists()), None)
-        if path is None:
-            return None
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        log = json.loads(raw)
-        if not isinstance(log, dict):
-            return None
-        logs.append(log)
-    return logs
+    """The step logs of a run's calibration loops; None where one is missing or was saved without the KV
+    cache's size (the runs before it was saved)."""
+    logs = [saved_calibration_json(directory, f"steps_c{c}.json") for c, _ in cells]
+    return logs if all(isinstance(log, dict) for log in logs) else None
 
 
 def saved_points(directory: Path, cells: list[tuple[int, int]]) -> list[Point] | None:
-    """A run's calibration points from its saved `vllm bench serve` results (as the run wrote them,
-    calibration/cK.json, or as run.sh brings them back, calibration_cK.json); None if one is missing."""
-    points = []
-    for c, _ in cells:
-        path = next(
-            (
-                p
-                for p in (directory / f"calibration/c{c}.json", directory / f"calibration_c{c}.json")
-                if p.exists()
-            ),
-            None,
-        )
-        if path is None:
-            return None
-        points.append(point_from_vllm_bench_result(json.loads(path.read_text()), f"calibration/c{c}.json"))
-    return points
+    """A run's calibration points from its saved `vllm bench serve` results; None if one is missing."""
+    results = [saved_calibration_json(directory, f"c{c}.json") for c, _ in cells]
+    if any(r is None for r in results):
+        return None
+    return [
+        point_from_vllm_bench_result(r, f"calibration/c{c}.json")
+        for r, (c, _) in zip(results, cells, strict=True)
+    ]
 
 
 def locust(model: str, steps: str, args: argparse.Namespace, raw: Path) -> subprocess.CompletedProcess[bytes]:
