@@ -347,7 +347,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    points = [Point.from_dict(p) for p in json.loads(Path(args.points).read_text())] if args.points else []
+    try:
+        points = (
+            [Point.from_dict(p) for p in json.loads(Path(args.points).read_text())] if args.points else []
+        )
+    except (OSError, ValueError, TypeError, KeyError) as e:  # unreadable, not JSON, not a list of points
+        ap.error(f"--points: {e}")
     for spec in args.ladder:
         path, _, tokens = spec.rpartition(":")
         points += points_from_ladder(path, int(tokens))
@@ -360,10 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check(points, args.start, start.cost, limits, Path(args.out))
     sources = sorted({p.source for p in points})
     if args.steps:
-        logs = [json.loads(Path(path).read_text()) for path in args.steps]
         try:  # the logged engine's KV cache, over the flag's
+            logs = [json.loads(Path(path).read_text()) for path in args.steps]
             cost, limits = fit_to_step_logs(points, start.cost, limits, logs)
-        except ValueError as e:
+        except (OSError, ValueError) as e:  # a JSONDecodeError is a ValueError
             ap.error(f"--steps: {e}")
         cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sorted({*sources, *args.steps})))
     else:

@@ -147,6 +147,19 @@ def test_step_logs_give_the_step_costs_and_the_points_the_request_overhead(tmp_p
 
     log.write_text(json.dumps(engine_log(600, seed=8)))
     out.unlink()
+    for bad in (log, tmp_path / "missing.json"):
+        with pytest.raises(SystemExit):
+            main(["--points", str(points), "--steps", str(bad), "--out", str(out)])
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("content", ["", "not json", '[{"label": "c1"}]'])
+def test_unreadable_points_name_the_flag_and_write_nothing(tmp_path, capsys, content):
+    from autoscale.calibrate import main
+
+    points, out = tmp_path / "points.json", tmp_path / "cal.json"
+    points.write_text(content)
     with pytest.raises(SystemExit):
-        main(["--points", str(points), "--steps", str(log), "--out", str(out)])
+        main(["--points", str(points), "--out", str(out)])
+    assert "--points:" in capsys.readouterr().err
     assert not out.exists()
