@@ -458,6 +458,12 @@ def _percent(value: float | None) -> str:
     return "not measured" if value is None else f"{value:.2%}"
 
 
+def significant(cost: dict[str, float]) -> dict[str, float]:
+    """Step costs to four significant digits, as a report shows them: the fit's last digits differ
+    between machines' floating-point libraries, and no one reads them."""
+    return {name: float(f"{value:.4g}") for name, value in cost.items()}
+
+
 def report(result: dict[str, Any]) -> str:
     lines = [
         "# Autoscaling replay: simulator against the GPUs",
@@ -480,7 +486,7 @@ def report(result: dict[str, Any]) -> str:
         lines += [
             "",
             f"Calibration on this machine (`vllm bench serve` closed loops on the replica, {how} "
-            f"committed step costs {cal['committed_cost']}): {cal['cost']}",
+            f"committed step costs {significant(cal['committed_cost'])}): {significant(cal['cost'])}",
             "",
             "TTFT in the closed loop (the simulated loop does not fall into the real one's waves) and given "
             "the measured arrivals (what the fit matches), and TPOT given the arrivals (a check, not "
