@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from autoscale.calibrate import Point, fit, fit_loss
-from autoscale.calibration import EngineCost
+from autoscale.calibration import EngineCost, EngineLimits
 from loadtests import workloads
 from loadtests.gpu.autoscale_replay import (
     deployment_for,
@@ -53,11 +53,13 @@ def run_points(directory: Path) -> list[Point]:
     return points
 
 
-def gaps(directory: Path, cost: EngineCost) -> list[float]:
-    """Simulated minus measured attainment (points) of each of the run's replays, with these step costs."""
+def gaps(directory: Path, cost: EngineCost, limits: EngineLimits | None = None) -> list[float]:
+    """Simulated minus measured attainment (points) of each of the run's replays, with these step costs
+    (and these limits, else the plan's)."""
     result = json.loads((directory / "autoscale_replay.json").read_text())
     args = parser().parse_args(shlex.split(result["command"])[3:])
     dep = replace(deployment_for(replay_config(load_config_files(*args.config), 1), 1), cost=cost)
+    dep = replace(dep, limits=limits or dep.limits)
     out = []
     for replay in result["replays"]:
         steps = workloads.parse_steps(replay["arrival_rate_steps"])
