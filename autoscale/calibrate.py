@@ -14,8 +14,7 @@ value (the points here cannot tell it from the per-sequence decode cost).
 
 ``--steps PATH...`` fits the step costs, ``attention_ms_per_kv_token`` included, to the replica's step log
 during those runs instead (autoscale/step_log.py: linear, one minimum), and the request overhead alone to the
-points; on seven H100 replays that moved the simulated attainment from -4.9..+23.3 points of the measured to
--0.3..+3.3 (results/autoscale/experiments/step_log_fit.txt).
+points; how each fit predicts the attainment of H100 replays: results/autoscale/experiments/step_log_fit.txt.
 
 ``--vllm-bench PATH...`` adds `vllm bench serve --save-result` runs (closed loop at ``--max-concurrency``,
 lengths from their token totals). ``--ladder PATH:PROMPT_TOKENS`` adds every step of a ``headroom ladder``

@@ -14,7 +14,7 @@ early. Sums over windows of consecutive busy steps cancel that, and so they are 
 (non-negative: each cost is a cost). The fit is linear with one minimum; the coordinate search over
 percentiles (autoscale/calibrate.py) stops wherever its start leads it (results/autoscale/experiments/
 replay_cross_fit.txt). What the step log cannot give, the way in and out of a request
-(``request_overhead_ms``), is still fitted to the closed loops' TTFT. On seven H100 replays:
+(``request_overhead_ms``), is still fitted to the closed loops' TTFT. How it predicts H100 replays:
 results/autoscale/experiments/step_log_fit.txt.
 
 Pure: numpy.
