@@ -222,16 +222,16 @@ def fit(
 def fit_to_step_logs(
     points: Sequence[Point], start: EngineCost, limits: EngineLimits, logs: Sequence[Any]
 ) -> tuple[EngineCost, EngineLimits]:
-    """The step costs fitted to one engine's step logs (``engine_steps``' ``{kv_cache_tokens, steps}``,
-    autoscale/step_log.py) and the request overhead alone to ``points``; and ``limits`` with that engine's
-    KV cache. Raises ValueError for a log without the KV cache's size or logs of different engines."""
-    if not all(isinstance(log, Mapping) and {"kv_cache_tokens", "steps"} <= set(log) for log in logs):
+    """The step costs fitted to replicas' step logs (``engine_steps``' ``{kv_cache_tokens, steps}``, one or
+    several engines of one config: autoscale/step_log.py) and the request overhead alone to ``points``; and
+    ``limits`` with the smallest of those engines' KV caches (a simulated replica holds no more than any real
+    one did). Raises ValueError for a log without the KV cache's size."""
+    if not logs or not all(
+        isinstance(log, Mapping) and {"kv_cache_tokens", "steps"} <= set(log) for log in logs
+    ):
         raise ValueError("each step log must be engine_steps' {kv_cache_tokens, steps}")
-    kv_sizes = {log["kv_cache_tokens"] for log in logs}
-    if len(kv_sizes) != 1:
-        raise ValueError(f"the step logs name different KV cache sizes: {sorted(kv_sizes)}")
-    limits = replace(limits, kv_cache_tokens=kv_sizes.pop())
-    step = fit_step_costs([log["steps"] for log in logs], limits.kv_cache_tokens)
+    limits = replace(limits, kv_cache_tokens=min(int(log["kv_cache_tokens"]) for log in logs))
+    step = fit_step_costs(logs)
     return fit(points, replace(start, **step), limits, fitted=("request_overhead_ms",)), limits
 
 
@@ -342,7 +342,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=256, help="engine max_num_seqs of the measured runs")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument(
-        "--kv-cache-tokens", type=int, default=794_064, help="the measured engine's (with --steps: the logs')"
+        "--kv-cache-tokens",
+        type=int,
+        default=794_064,
+        help="the measured engine's (with --steps: the smallest of the logs')",
     )
     args = ap.parse_args(argv)
 
@@ -364,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check(points, args.start, start.cost, limits, Path(args.out))
     sources = sorted({p.source for p in points})
     if args.steps:
-        try:  # the logged engine's KV cache, over the flag's
+        try:  # the smallest logged engine's KV cache, over the flag's
             logs = [json.loads(Path(path).read_text()) for path in args.steps]
             cost, limits = fit_to_step_logs(points, start.cost, limits, logs)
         except (OSError, ValueError) as e:  # a JSONDecodeError is a ValueError

@@ -90,11 +90,11 @@ def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_step_costs(
-    logs: Iterable[Sequence[Mapping[str, Any]]], kv_cache_tokens: int, window: int = STEP_WINDOW
-) -> StepCosts:
-    """The linear step model's costs (ms) fitted to the busy windows of every log (see the module doc)."""
-    parts = [step_windows(log, kv_cache_tokens, window) for log in logs]
+def fit_step_costs(logs: Iterable[Mapping[str, Any]], window: int = STEP_WINDOW) -> StepCosts:
+    """The linear step model's costs (ms) fitted to the busy windows of every log (see the module doc). A
+    log is a replica's ``engine_steps``: ``{"kv_cache_tokens", "steps"}``; each log's KV term is counted in
+    its own engine's cache, which differs by a few blocks between replicas and restarts of one config."""
+    parts = [step_windows(log["steps"], log["kv_cache_tokens"], window) for log in logs]
     y = np.concatenate([d for d, _ in parts]) if parts else np.empty(0)
     if len(y) < len(COLUMNS):
         raise ValueError(f"the step logs hold {len(y)} windows of busy steps; the fit needs {len(COLUMNS)}")

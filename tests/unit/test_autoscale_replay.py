@@ -165,8 +165,15 @@ def test_the_calibration_fits_step_costs_to_step_logs_that_carry_the_kv_cache_si
     assert with_steps.limits.max_num_seqs == dep.limits.max_num_seqs
     run = {"command": "", "ttft_target_ms": 1000, "max_replicas": 1, "replays": [], "calibration": result}
     assert "fitted to the replica's step log" in report(run)
-    with pytest.raises(ValueError, match="different KV cache sizes"):
-        fitted(dep, [lone], [log, {**log, "kv_cache_tokens": KV_TOKENS // 2}])
+    # Several replicas' logs: the simulated replica holds no more KV than the smallest of them.
+    smaller = {
+        **log,
+        "kv_cache_tokens": KV_TOKENS - 16,
+        "steps": engine_log(300, seed=10, kv_tokens=KV_TOKENS - 16),
+    }
+    pooled, result = fitted(dep, [lone], [log, smaller])
+    assert {k: getattr(pooled.cost, k) for k in TRUE} == pytest.approx(TRUE, rel=1e-6)
+    assert result["step_log_kv_cache_tokens"] == pooled.limits.kv_cache_tokens == KV_TOKENS - 16
 
     earlier = Path(__file__).resolve().parents[2] / "results/gpu/2026-12-07/replay-steps-seed17"
     assert saved_step_logs(earlier, [(1, 16)]) is None

@@ -24,6 +24,7 @@ def engine_log(
     late_fraction: float = 0.0,
     idle_every: int = 0,
     prompts: tuple[int, ...] = (0, 0, 1024, 2048, 8192),
+    kv_tokens: int = KV_TOKENS,
 ) -> list[dict]:
     """Steps of an engine whose step time is TRUE's linear model; each report arrives up to
     ``late_fraction`` of the next step late (the next report is not: the delay moves time between the
@@ -35,12 +36,12 @@ def engine_log(
         running = 0 if idle else int(rng.integers(1, 256))
         prompt = int(rng.choice(prompts)) if running else 0
         generated = running
-        usage = running * float(rng.uniform(1024, 1152)) / KV_TOKENS
+        usage = running * float(rng.uniform(1024, 1152)) / kv_tokens
         ms = (
             TRUE["step_ms"]
             + TRUE["prefill_ms_per_token"] * prompt
             + TRUE["decode_ms_per_seq"] * generated
-            + TRUE["attention_ms_per_kv_token"] * usage * KV_TOKENS
+            + TRUE["attention_ms_per_kv_token"] * usage * kv_tokens
         )
         at += 1.0 if idle else ms / 1000.0
         late_s = float(rng.uniform(0, late_fraction)) * ms / 1000.0
@@ -57,17 +58,35 @@ def engine_log(
     return steps
 
 
+def replica_log(steps: list[dict], kv_tokens: int = KV_TOKENS) -> dict:
+    """A replica's ``engine_steps``."""
+    return {"kv_cache_tokens": kv_tokens, "block_size": 16, "steps": steps}
+
+
 def test_an_exact_log_gives_its_engine_back():
-    costs = fit_step_costs([engine_log(400, seed=1)], KV_TOKENS, window=1)
+    costs = fit_step_costs([replica_log(engine_log(400, seed=1))], window=1)
     assert costs == pytest.approx(TRUE, rel=1e-6)
+
+
+def test_logs_of_engines_with_different_kv_caches_are_fitted_together():
+    """Replicas (and restarts) of one config get KV caches a few blocks apart; each log's KV term is counted
+    in its own cache, so the pooled fit is still exact (counted in one of them, it is not)."""
+    small = 396_720
+    logs = [
+        replica_log(engine_log(300, seed=10)),
+        replica_log(engine_log(300, seed=11, kv_tokens=small), small),
+    ]
+    assert fit_step_costs(logs, window=1) == pytest.approx(TRUE, rel=1e-6)
+    mislabelled = [logs[0], replica_log(logs[1]["steps"])]
+    assert fit_step_costs(mislabelled, window=1) != pytest.approx(TRUE, rel=1e-3)
 
 
 def test_windows_cancel_late_reports_that_single_steps_do_not():
     """A late report shifts time from one step's gap to the next one's; the log's decode and KV columns move
     together (as on a GPU), so what is checked is the prefill cost and the time the fit gives a fresh log."""
-    logs = [engine_log(10_000, seed=2, late_fraction=0.3)]
-    windowed = fit_step_costs(logs, KV_TOKENS)
-    single = fit_step_costs(logs, KV_TOKENS, window=1)
+    logs = [replica_log(engine_log(10_000, seed=2, late_fraction=0.3))]
+    windowed = fit_step_costs(logs)
+    single = fit_step_costs(logs, window=1)
     assert windowed["prefill_ms_per_token"] == pytest.approx(TRUE["prefill_ms_per_token"], rel=0.03)
     assert single["prefill_ms_per_token"] > 1.1 * TRUE["prefill_ms_per_token"]
     # A log of another mix, decode steps alone: the single steps' fit put part of their time on prompts.
@@ -86,17 +105,17 @@ def test_idle_gaps_are_left_out_and_a_short_run_kept_as_a_shorter_window():
     # Four busy runs of 24 steps (the first step's gap has no step before it): 10, 10 and 4 steps each.
     assert rows[:, 0].tolist() == [10, 10, 4] * 4
     assert durations.max() < 1000.0  # no idle second inside a window
-    assert fit_step_costs([log], KV_TOKENS, window=10) == pytest.approx(TRUE, rel=1e-6)
+    assert fit_step_costs([replica_log(log)], window=10) == pytest.approx(TRUE, rel=1e-6)
 
 
 def test_a_cost_the_log_would_make_negative_is_held_at_zero():
     log = engine_log(500, seed=4)
     for step in log:  # a step costs less the more sequences decode: no engine does that
         step["generation_tokens"] = 300 - step["num_running"]
-    costs = fit_step_costs([log], KV_TOKENS, window=1)
+    costs = fit_step_costs([replica_log(log)], window=1)
     assert costs["decode_ms_per_seq"] == 0.0 and min(costs.values()) >= 0.0
 
 
 def test_too_short_a_log_is_refused():
     with pytest.raises(ValueError, match="windows of busy steps"):
-        fit_step_costs([engine_log(STEP_WINDOW * 3, seed=5)[: STEP_WINDOW * 3 // 2]], KV_TOKENS)
+        fit_step_costs([replica_log(engine_log(STEP_WINDOW * 3, seed=5)[: STEP_WINDOW * 3 // 2])])
