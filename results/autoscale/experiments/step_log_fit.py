@@ -15,8 +15,11 @@ its calibration loops' logs alone and the request overhead to its closed loops' 
 2. Simulated minus measured attainment (points) of every replay window of the ten H100 runs, with each
    step-log fit and with the coordinate search over percentiles (its own points, the shipped calibration
    before the step log); the four earlier runs (no step log) are held out from every step-log fit.
-3. A summary over the windows where the measured attainment was below 100% (a window that missed nothing
-   is matched by every fit): a run's own fit (its replays were not fitted) and the other runs' fits.
+3. The same with one fit to the other step-log runs' logs and points pooled (the run held out), as
+   ``calibrate --steps`` fits several replicas' or runs' logs together.
+4. A summary over the windows where the measured attainment was below 100% (a window that missed nothing
+   is matched by every fit): a run's own fit (its replays were not fitted), the other runs' fits one by one,
+   and pooled.
 """
 
 from __future__ import annotations
@@ -75,14 +78,18 @@ def main() -> None:
     print(
         "Step-log fits (calibration loops only), then the request overhead fitted to the same run's points:"
     )
-    for name, d in STEP_RUNS.items():
-        # These runs saved bare step lists; the KV cache's size comes from their Ray logs.
-        logs = [
+    # The first three runs saved bare step lists; the KV cache's size comes from their Ray logs.
+    logs = {
+        name: [
             {"kv_cache_tokens": kv[name], "steps": steps(p)}
             for p in sorted(d.glob("calibration_steps_c*.json.gz"))
         ]
-        points = run_points(d)
-        cost, engine[name] = fit_to_step_logs(points, committed.cost, limits, logs)
+        for name, d in STEP_RUNS.items()
+    }
+    all_points = {name: run_points(d) for name, d in STEP_RUNS.items()}
+    for name in STEP_RUNS:
+        points = all_points[name]
+        cost, engine[name] = fit_to_step_logs(points, committed.cost, limits, logs[name])
         shipped = fit(points, committed.cost, limits)
         costs[f"steps {name}"] = cost
         print(
@@ -91,6 +98,21 @@ def main() -> None:
             + f"; loss on its points {fit_loss(points, cost, limits):.3f}"
             + f" (the percentile search's: {fit_loss(points, shipped, limits):.3f})"
         )
+
+    # One fit to the other runs' logs and points pooled, per run: every run is held out from its own.
+    pooled = {}
+    for name in [*EARLIER_RUNS, *STEP_RUNS]:
+        others = [other for other in STEP_RUNS if other != name]
+        pooled[name] = fit_to_step_logs(
+            [p for other in others for p in all_points[other]],
+            committed.cost,
+            limits,
+            [log for other in others for log in logs[other]],
+        )
+    print(
+        "  pooled, all six: "
+        + ", ".join(f"{k} {v:.4g}" for k, v in vars_of(pooled[next(iter(EARLIER_RUNS))][0]).items())
+    )
 
     print()
     print(
@@ -116,25 +138,30 @@ def main() -> None:
             print(f"| {name} #{k} | {durations.sum() / 1000:.1f} | " + " | ".join(cells) + " |")
 
     print()
-    print("Simulated minus measured attainment (points): the run's own percentile fit (as reported) and each")
-    print("step-log fit; the earlier four runs have no step log and are held out from every step-log fit.")
-    print("| run | peak | measured | own percentile fit | " + " | ".join(costs) + " |")
-    print("|" + "---|" * (len(costs) + 4))
+    print("Simulated minus measured attainment (points): the run's own percentile fit (as reported), each")
+    print("step-log fit, and the step-log fit to every other run pooled; the earlier four runs have no step")
+    print("log and are held out from every step-log fit.")
+    print("| run | peak | measured | own percentile fit | " + " | ".join(costs) + " | pooled, others |")
+    print("|" + "---|" * (len(costs) + 5))
     all_runs = {**EARLIER_RUNS, **STEP_RUNS}
     own_fit: list[float] = []  # windows with misses, gap with the run's own step-log fit
     other_fits: list[float] = []  # the same windows (and the earlier runs'), the other runs' step-log fits
     percentile: list[float] = []
+    pooled_others: list[float] = []
     for name, d in all_runs.items():
         result = json.loads((d / "autoscale_replay.json").read_text())
         own = gaps(d, fit(run_points(d), committed.cost, limits))
         step_fits = {fitted: gaps(d, costs[f"steps {fitted}"], engine[fitted]) for fitted in STEP_RUNS}
+        pooled_fit = gaps(d, *pooled[name])
         for k, replay in enumerate(result["replays"]):
-            cells = " | ".join(f"{column[k]:+.2f}" for column in [own, *step_fits.values()])
+            columns = [own, *step_fits.values(), pooled_fit]
+            cells = " | ".join(f"{column[k]:+.2f}" for column in columns)
             print(
                 f"| {name} | {replay['peak_replicas']} | {replay['measured']['attainment']:.2%} | {cells} |"
             )
             if replay["measured"]["attainment"] < 1:
                 percentile.append(own[k])
+                pooled_others.append(pooled_fit[k])
                 for fitted, column in step_fits.items():
                     (own_fit if fitted == name else other_fits).append(column[k])
 
@@ -143,6 +170,7 @@ def main() -> None:
     for label, values in (
         ("the run's own step-log fit", own_fit),
         ("another run's step-log fit", other_fits),
+        ("the other runs' step logs pooled", pooled_others),
         ("the run's own percentile fit", percentile),
     ):
         v = np.array(values)
