@@ -295,6 +295,11 @@ def point_from_vllm_bench_result(d: Mapping[str, Any], source: str) -> Point:
     )
 
 
+def _why(e: Exception) -> str:
+    """An input error in a line: a missing key named as one (a KeyError's own text is just the key)."""
+    return f"no {e}" if isinstance(e, KeyError) else str(e) or type(e).__name__
+
+
 def check(points: Sequence[Point], source: str, cost: EngineCost, limits: EngineLimits, out: Path) -> int:
     """Held-out points replayed on a calibration as it is: measured beside simulated, and the ratio."""
     rows = [p.summary(cost, limits) for p in points]
@@ -357,8 +362,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--points: {e}")
     for spec in args.ladder:
         path, _, tokens = spec.rpartition(":")
-        points += points_from_ladder(path, int(tokens))
-    points += [point_from_vllm_bench(path) for path in args.vllm_bench]
+        try:
+            points += points_from_ladder(path, int(tokens))
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
+            ap.error(f"--ladder {spec}: not PATH:PROMPT_TOKENS of a headroom ladder result ({_why(e)})")
+    for path in args.vllm_bench:
+        try:
+            points.append(point_from_vllm_bench(path))
+        except (OSError, ValueError, TypeError, KeyError, ZeroDivisionError) as e:
+            ap.error(f"--vllm-bench {path}: not a `vllm bench serve --save-result` file ({_why(e)})")
     if not points:
         ap.error("give --points, --ladder or --vllm-bench")
     limits = EngineLimits(args.max_num_seqs, args.max_num_batched_tokens, args.kv_cache_tokens, 100_000)

@@ -163,3 +163,22 @@ def test_unreadable_points_name_the_flag_and_write_nothing(tmp_path, capsys, con
         main(["--points", str(points), "--out", str(out)])
     assert "--points:" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_file_that_is_not_what_its_flag_reads_is_named_and_nothing_written(tmp_path, capsys):
+    """A step log given as --vllm-bench (an easy glob slip), a ladder spec without its prompt length and
+    a missing ladder file: usage errors naming the flag and the file, not tracebacks."""
+    from autoscale.calibrate import main
+    from tests.unit.test_step_log import KV_TOKENS, engine_log
+
+    log, out = tmp_path / "steps_c1.json", tmp_path / "cal.json"
+    log.write_text(json.dumps({"kv_cache_tokens": KV_TOKENS, "steps": engine_log(40, seed=1)}))
+    for argv, said in (
+        (["--vllm-bench", str(log)], f"--vllm-bench {log}: not a `vllm bench serve --save-result` file (no "),
+        (["--ladder", str(log)], f"--ladder {log}: not PATH:PROMPT_TOKENS"),
+        (["--ladder", f"{tmp_path}/missing.json:1024"], "--ladder"),
+    ):
+        with pytest.raises(SystemExit):
+            main([*argv, "--out", str(out)])
+        assert said in capsys.readouterr().err
+        assert not out.exists()
