@@ -658,6 +658,11 @@ def main() -> None:
             ap.error(
                 f"--render {args.render}: no autoscale_replay.json there (a replay run's --out directory)"
             )
+        if "replays" not in json.loads((args.render / "autoscale_replay.json").read_text()):
+            ap.error(
+                f"--render {args.render}: an early run's file, one replay without the per-peak 'replays' "
+                "that --render reads; its report.md stays as written"
+            )
         result = render(args.render)
         (args.render / "report.md").write_text(report(result))
         write(result, args.render)
