@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             [Point.from_dict(p) for p in json.loads(Path(args.points).read_text())] if args.points else []
         )
     except (OSError, ValueError, TypeError, KeyError) as e:  # unreadable, not JSON, not a list of points
-        ap.error(f"--points: {e}")
+        ap.error(f"--points: {_why(e)}")
     for spec in args.ladder:
         path, _, tokens = spec.rpartition(":")
         try:
@@ -383,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             logs = [json.loads(Path(path).read_text()) for path in args.steps]
             cost, limits = fit_to_step_logs(points, start.cost, limits, logs)
         except (OSError, ValueError) as e:  # a JSONDecodeError is a ValueError
-            ap.error(f"--steps: {e}")
+            ap.error(f"--steps: {_why(e)}")
         cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sorted({*sources, *args.steps})))
     else:
         cost = fit(points, start.cost, limits)
