@@ -99,20 +99,16 @@ def main() -> None:
             + f" (the percentile search's: {fit_loss(points, shipped, limits):.3f})"
         )
 
-    # One fit to the other runs' logs and points pooled, per run: every run is held out from its own.
-    pooled = {}
-    for name in [*EARLIER_RUNS, *STEP_RUNS]:
-        others = [other for other in STEP_RUNS if other != name]
-        pooled[name] = fit_to_step_logs(
-            [p for other in others for p in all_points[other]],
-            committed.cost,
-            limits,
-            [log for other in others for log in logs[other]],
-        )
-    print(
-        "  pooled, all six: "
-        + ", ".join(f"{k} {v:.4g}" for k, v in vars_of(pooled[next(iter(EARLIER_RUNS))][0]).items())
-    )
+    # One fit to the other runs' logs and points pooled, per run: every run is held out from its own (the
+    # earlier four, without step logs, share the fit to all six).
+    def pooled_fit(runs: list[str]) -> tuple[EngineCost, EngineLimits]:
+        points = [p for run in runs for p in all_points[run]]
+        return fit_to_step_logs(points, committed.cost, limits, [log for run in runs for log in logs[run]])
+
+    all_six = pooled_fit(list(STEP_RUNS))
+    pooled = {name: all_six for name in EARLIER_RUNS}
+    pooled |= {name: pooled_fit([other for other in STEP_RUNS if other != name]) for name in STEP_RUNS}
+    print("  pooled, all six: " + ", ".join(f"{k} {v:.4g}" for k, v in vars_of(all_six[0]).items()))
 
     print()
     print(
