@@ -590,6 +590,11 @@ def render(directory: Path) -> dict[str, Any]:
     replay's measured timeline from its raw records and its predictions recomputed (deterministic) with
     the run's own arguments; the replica-seconds and start-up measured live are kept."""
     result: dict[str, Any] = json.loads((directory / "autoscale_replay.json").read_text())
+    if "replays" not in result:
+        raise SystemExit(
+            f"{directory}: an early run's file, one replay without the per-peak 'replays' that --render "
+            "reads; its report.md stays as written"
+        )
     args = parser().parse_args(shlex.split(result["command"])[3:])
     cfg = replay_config(load_config_files(*args.config), args.max_replicas)
     committed = deployment_for(cfg, args.max_replicas)
@@ -657,11 +662,6 @@ def main() -> None:
         if not (args.render / "autoscale_replay.json").is_file():
             ap.error(
                 f"--render {args.render}: no autoscale_replay.json there (a replay run's --out directory)"
-            )
-        if "replays" not in json.loads((args.render / "autoscale_replay.json").read_text()):
-            ap.error(
-                f"--render {args.render}: an early run's file, one replay without the per-peak 'replays' "
-                "that --render reads; its report.md stays as written"
             )
         result = render(args.render)
         (args.render / "report.md").write_text(report(result))
