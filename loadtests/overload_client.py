@@ -160,7 +160,8 @@ class LoopLag:
 @dataclass
 class DrillResult:
     """An overload drill: the attempts at safe concurrency and at 4x it (warm-up left out), and a report of
-    TTFT, refusal latency (at the client and at the replica) and /health latency, in milliseconds."""
+    TTFT, refusal latency (at the client and at the replica) and /health latency, in milliseconds, and of
+    the requests and refusals at safe concurrency, counted."""
 
     baseline: list[Outcome]
     overload: list[Outcome]
@@ -181,13 +182,18 @@ async def overload_drill(
 ) -> DrillResult:
     """`safe` clients for baseline_s, then 4 * safe clients for overload_s, ramped in and with the first
     warmup_s of each phase left out (the ramp and the clients' first Retry-After). `every_5s()` is called
-    every 5 s during the overload (e.g. to sample memory); /health is probed every 100 ms meanwhile."""
+    every 5 s during the overload (e.g. to sample memory); /health is probed every 100 ms meanwhile.
+
+    At safe concurrency a refused client sends its request once more after Retry-After, as OpenAI's
+    clients do: HAProxy's least-connections count of a replica lags the replica by the streams that have
+    just ended there, so when a replica's whole batch ends together, one of its clients' next requests can
+    go to the other replica, over its bound, while this one has room (docs/security.md, Backpressure)."""
     url = f"{base_url}/v1/completions"
     await closed_loop(url, model, headers, safe, warmup_s)
     lag = LoopLag()
     lag_task = asyncio.create_task(lag.run())
     start = time.monotonic()
-    baseline = await closed_loop(url, model, headers, safe, baseline_s, ramp_s=1)
+    baseline = await closed_loop(url, model, headers, safe, baseline_s, retries=1, ramp_s=1)
     baseline = [o for o in baseline if o.started_s > start + 2]
     lag.phase = "4x"
     health_s: list[float] = []
@@ -217,6 +223,8 @@ async def overload_drill(
     refused = [o for o in over if o.status in (429, 503)]
     report = {
         "ttft at safe concurrency": stats_ms([o.ttft_s for o in baseline if o.completed and o.ttft_s]),
+        "requests at safe concurrency": len({o.request for o in baseline}),
+        "refused at safe concurrency": sum(o.status in (429, 503) for o in baseline),
         "ttft admitted at 4x": stats_ms([o.ttft_s for o in over if o.completed and o.ttft_s]),
         "refusal, client": stats_ms([o.refused_in_s for o in refused if o.refused_in_s is not None]),
         "refusal, replica": stats_ms(
