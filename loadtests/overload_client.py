@@ -114,6 +114,14 @@ async def closed_loop(
     return outcomes
 
 
+def by_request(outcomes: list[Outcome]) -> dict[tuple[int, int], list[Outcome]]:
+    """Each request's attempts, in the order they were sent."""
+    attempts: dict[tuple[int, int], list[Outcome]] = {}
+    for o in outcomes:
+        attempts.setdefault(o.request, []).append(o)
+    return attempts
+
+
 def stats_ms(values_s: list[float]) -> dict[str, float]:
     """Count, p50, p99 and max, in milliseconds, of values in seconds."""
     ms = [v * 1000 for v in values_s]
@@ -187,7 +195,7 @@ async def overload_drill(
     At safe concurrency a refused client sends its request once more after Retry-After, as OpenAI's
     clients do: HAProxy's least-connections count of a replica lags the replica by the streams that have
     just ended there, so when a replica's whole batch ends together, one of its clients' next requests can
-    go to the other replica, over its bound, while this one has room (docs/security.md, Backpressure)."""
+    go to the other replica, over its bound, while this one has room (docs/security.md, Overload)."""
     url = f"{base_url}/v1/completions"
     await closed_loop(url, model, headers, safe, warmup_s)
     lag = LoopLag()

@@ -18,7 +18,7 @@ import pytest
 from ray import serve
 
 from autoscale.replica_stats import ARRIVAL_RATE_RPS, REFUSED_RATE_RPS
-from loadtests.overload_client import Outcome, closed_loop, overload_drill
+from loadtests.overload_client import Outcome, by_request, closed_loop, overload_drill
 from loadtests.processes import serve_replicas
 from tests.integration.conftest import engine_core_of
 
@@ -80,9 +80,7 @@ def test_overload_at_4x_safe_concurrency_is_refused_fast_and_admitted_requests_k
     # At safe concurrency every request is served. A refusal there is HAProxy's least-connections count
     # lagging the replicas (overload_drill says how; 1 of 634 requests in one CI run): its client's one
     # retry after Retry-After is served, and such refusals stay rare.
-    tries: dict[tuple[int, int], list[Outcome]] = {}
-    for o in baseline:
-        tries.setdefault(o.request, []).append(o)
+    tries = by_request(baseline)
     assert all(t[-1].completed for t in tries.values()), [t for t in tries.values() if not t[-1].completed]
     refusals = [o for t in tries.values() for o in t[:-1]]
     assert all(o.status == 503 and o.retry_after == "1" and o.error_json for o in refusals), refusals
@@ -141,9 +139,7 @@ def test_an_engine_killed_under_load_fails_only_its_requests_in_flight_and_is_re
         return await load, killed_at
 
     outcomes, killed_at = asyncio.run(drill())
-    attempts: dict[tuple[int, int], list[Outcome]] = {}
-    for o in outcomes:
-        attempts.setdefault(o.request, []).append(o)
+    attempts = by_request(outcomes)
     failed = [a for a in attempts.values() if not a[-1].completed]
     sent_after = [a for a in attempts.values() if a[0].started_s > exited_at[0]]
     retried = [a for a in attempts.values() if len(a) > 1]

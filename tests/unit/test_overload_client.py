@@ -3,7 +3,7 @@
 import asyncio
 import time
 
-from loadtests.overload_client import LoopLag, stats_ms
+from loadtests.overload_client import LoopLag, Outcome, by_request, stats_ms
 
 
 def test_loop_lag_is_kept_by_phase_and_sees_a_blocked_loop():
@@ -26,3 +26,12 @@ def test_loop_lag_is_kept_by_phase_and_sees_a_blocked_loop():
 def test_stats_ms():
     assert stats_ms([]) == {"n": 0}
     assert stats_ms([0.001, 0.002, 0.003]) == {"n": 3, "p50": 2.0, "p99": 2.98, "max": 3.0}
+
+
+def test_by_request_keeps_each_requests_attempts_in_order():
+    refused = Outcome((0, 1), 16, 1.0, status=503, retry_after="1")
+    retried = Outcome((0, 1), 16, 2.0, status=200, tokens=16)
+    other = Outcome((1, 1), 16, 1.5, status=200, tokens=16)
+    attempts = by_request([refused, other, retried])
+    assert attempts == {(0, 1): [refused, retried], (1, 1): [other]}
+    assert [a[-1].completed for a in attempts.values()] == [True, True]
