@@ -52,7 +52,7 @@ from typing import Any
 
 from loadtests import engine_logs, vllm_bench
 from loadtests.engine_timing import Totals, cell_prefix_cache_hit_pct, cell_quantiles_ms, finished
-from loadtests.machine import describe
+from loadtests.machine import catalogue_gpu, describe
 from loadtests.overhead_client import ClientProcess, results_as_completed
 from loadtests.overhead_matrix import (
     BARE,
@@ -87,7 +87,7 @@ from loadtests.overhead_servers import (
 from loadtests.vllm_bench import WORKLOADS, Workload
 from serve_app.config import load_config_files
 from serve_app.models.resolve import resolve_models
-from serve_app.planning.from_config import cluster_spec, plan_config
+from serve_app.planning.from_config import cluster_spec, describe_cluster, plan_config
 from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
 from serve_app.serving.serve_options import SERVE_CLUSTER_ENV
 
@@ -189,6 +189,16 @@ class Bench:
         self.flags = vllm_cli_args(
             self.cfg, models, PlannedEngine(self.plan.tensor_parallel_size, self.plan.max_num_seqs)
         )
+        # The memory check predicts for the GPU this machine has, which the config may not describe (the H200
+        # config also runs on H100s, and the engines size their KV cache from the memory they find).
+        self.memory_plan, self.memory_predicted_for = self.plan, None
+        if self.cfg.resources.accelerator == "gpu":
+            here = catalogue_gpu()
+            memory_gib = here.memory_gib if here else None
+            cluster = cluster_spec(self.cfg, gpus_per_node=1, gpu_memory_gib=memory_gib)
+            self.memory_plan = plan_config(self.cfg, cluster, models.model_path, models.draft_path)
+            where = "the GPU this machine has" if here else "the config's; this machine's is not catalogued"
+            self.memory_predicted_for = f"{describe_cluster(self.cfg, cluster)} ({where})"
         # --bare-flags vllm-defaults: bare vLLM as a user would start it, with vLLM's own engine defaults.
         self.bare_flags = self.flags if args.bare_flags == "same" else identity_flags(self.flags)
         self.out: Path = args.out
@@ -472,6 +482,7 @@ class Bench:
             "results": rows,
             "measurements": self.run.measurements,
             "memory": self.memory(),
+            "memory_predicted_for": self.memory_predicted_for,
         }
 
     def layout(self) -> str:
@@ -499,8 +510,9 @@ class Bench:
             return []
         logged = engine_logs.parse(engine_logs.read_files([self.bare.log_path]), "vllm serve")
         logged += engine_logs.parse(engine_logs.ray_session_logs(), "headroom replica")
+        plan = self.memory_plan
         return engine_logs.compare_each(
-            {f"TP={self.plan.tensor_parallel_size}": engine_logs.expected_memory(self.plan)}, logged
+            {f"TP={plan.tensor_parallel_size}": engine_logs.expected_memory(plan)}, logged
         )
 
     def write(self) -> None:

@@ -9,6 +9,8 @@ import subprocess
 
 import psutil
 
+from serve_app.planning.catalogue import CatalogueKeyError, GpuSpec, gpu
+
 
 def gpu_names() -> list[str]:
     if shutil.which("nvidia-smi") is None:
@@ -16,6 +18,15 @@ def gpu_names() -> list[str]:
     query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
     out = subprocess.run(query, capture_output=True, text=True, check=False).stdout
     return [name.strip() for name in out.splitlines() if name.strip()]
+
+
+def catalogue_gpu() -> GpuSpec | None:
+    """The planner's catalogue entry for this machine's first GPU; None without a GPU or for one it lacks."""
+    names = gpu_names()
+    try:
+        return gpu(names[0]) if names else None
+    except CatalogueKeyError:
+        return None
 
 
 def describe() -> str:

@@ -115,10 +115,12 @@ def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[st
     return lines
 
 
-def _memory_lines(memory: list[dict[str, Any]]) -> list[str]:
+def _memory_lines(memory: list[dict[str, Any]], predicted_for: str | None) -> list[str]:
     if not memory:
         return []
     lines = [
+        "",
+        f"The planner's prediction for {predicted_for}, against what vLLM logged:",
         "",
         "| engine | KV tokens predicted | KV tokens logged | error | weights GiB predicted / logged "
         "| torch.compile graphs |",
@@ -173,7 +175,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             lines.append(f"- {server}: {name}: {verdict}")
     starts = ", ".join(f"{s['server']} {s['ready_s']:.0f} s (GPU {s['gpu']})" for s in report["starts"])
     lines += ["", f"Seconds from launch to serving: {starts}."]
-    lines += _memory_lines(report["memory"])
+    lines += _memory_lines(report["memory"], report["memory_predicted_for"])
     lines += ["", f"Command: `{report['command']}`", ""]
     example = next(iter(report["vllm_bench_commands"].items()), None)
     if example:

@@ -220,6 +220,7 @@ _GPU_ALIASES = {
     "H200-141GB": "H200",
     "H100": "H100-80GB",
     "H100-SXM": "H100-80GB",
+    "H100 80GB HBM3": "H100-80GB",  # as nvidia-smi names it
     "A100": "A100-80GB",
     "A100-SXM4-80GB": "A100-80GB",
     "A100-SXM4-40GB": "A100-40GB",

@@ -380,6 +380,7 @@ def test_markdown_report_has_every_cell_target_and_the_command():
         "targets": {HEADROOM: targets(rows)},
         "starts": [{"server": BARE, "gpu": None, "ready_s": 60.0}],
         "memory": [],
+        "memory_predicted_for": "1 node(s) x 1 H100-80GB, 79.2 GiB (the GPU this machine has)",
         "command": "python -m loadtests.bench_overhead --env local",
         "vllm_bench_commands": {"vllm random-1024 c=1": "vllm bench serve --seed 1"},
     }
@@ -406,6 +407,7 @@ def test_markdown_report_has_every_cell_target_and_the_command():
     text = markdown(report)
     assert "torch.compile cache: off (every engine compiled its own graphs)" in text
     assert "| vllm serve | 349,000 | 350,000 | -0.29% | 15.27 / 15.27 | loaded from cache |" in text
+    assert "prediction for 1 node(s) x 1 H100-80GB, 79.2 GiB (the GPU this machine has), against" in text
 
     # An open-loop run is a section of its own and is not judged by the closed loop's targets.
     opened = [{**x, "client": VLLM_BENCH_OPEN, "ttft_p50_ms": 500.0} for x in ms]

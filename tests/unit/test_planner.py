@@ -488,6 +488,12 @@ def test_gpu_required_on_gpu_accelerator() -> None:
     assert ClusterSpec.of("H200", gpu_memory_gib=140.4).gpu.memory_bytes == int(140.4 * (1 << 30))  # type: ignore[union-attr]
 
 
+def test_gpus_are_found_by_the_names_nvidia_smi_prints() -> None:
+    # What a benchmark's machine reports (loadtests/machine.py catalogue_gpu) and a user may paste.
+    assert catalogue.gpu("NVIDIA H100 80GB HBM3") == catalogue.gpu("H100-80GB")
+    assert catalogue.gpu("NVIDIA H200") == catalogue.gpu("H200")
+
+
 def test_plan_is_frozen() -> None:
     p = plan(request(QWEN8, max_model_len=8192))
     with pytest.raises(AttributeError):
