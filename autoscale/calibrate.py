@@ -31,9 +31,11 @@ also kept each request's end-to-end latency, TPOT given the arrivals is reported
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -259,6 +261,16 @@ def points_from_ladder(path: str, prompt_tokens: int) -> list[Point]:
     ]
 
 
+_UNREADABLE_STEP_LOG = (OSError, ValueError, EOFError, zlib.error)
+"""What a missing, cut or corrupt step log raises (bad JSON is a ValueError; the rest come from gzip)."""
+
+
+def _read_step_log(path: Path) -> Any:
+    """A step log as the replay saves it: JSON, gzipped in its results (steps_*.json.gz)."""
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+
+
 def point_from_vllm_bench(path: str) -> Point:
     """One `vllm bench serve --save-result` run (closed loop at --max-concurrency) as a point."""
     return point_from_vllm_bench_result(json.loads(Path(path).read_text()), path)
@@ -341,9 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="PATH",
         help="the replica's step logs during the points' runs (engine_steps, as "
-        "loadtests/gpu/autoscale_replay.py saves them): the step costs are fitted to them "
+        "loadtests/gpu/autoscale_replay.py saves them, gzipped or not): the step costs are fitted to them "
         "(autoscale/step_log.py), the request overhead to the points",
     )
+    ap.add_argument("--name", help="what the fitted engine is (GPU, model, vLLM); default: --start's name")
     ap.add_argument("--max-num-seqs", type=int, default=256, help="engine max_num_seqs of the measured runs")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument(
@@ -353,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the measured engine's (with --steps: the smallest of the logs')",
     )
     args = ap.parse_args(argv)
+    if args.name is not None and not args.name.strip():
+        ap.error("--name: must not be empty")
 
     try:
         points = (
@@ -380,9 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sources = sorted({p.source for p in points})
     if args.steps:
         try:  # the smallest logged engine's KV cache, over the flag's
-            logs = [json.loads(Path(path).read_text()) for path in args.steps]
+            logs = [_read_step_log(Path(path)) for path in args.steps]
             cost, limits = fit_to_step_logs(points, start.cost, limits, logs)
-        except (OSError, ValueError) as e:  # a JSONDecodeError is a ValueError
+        except _UNREADABLE_STEP_LOG as e:
             ap.error(f"--steps: {_why(e)}")
         cal = start.with_cost(cost, "measured", "fitted to " + "; ".join(sorted({*sources, *args.steps})))
     else:
@@ -391,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         attention = start.constants["attention_ms_per_kv_token"]
         cal = replace(cal, constants={**cal.constants, "attention_ms_per_kv_token": attention})
     rows = [p.summary(cal.cost, limits) for p in points]
-    cal = replace(cal, points=tuple(rows))
+    cal = replace(cal, name=args.name or cal.name, points=tuple(rows))
     out = Path(args.out)
     out.write_text(json.dumps(cal.to_dict(), indent=2) + "\n")
     for r in rows:

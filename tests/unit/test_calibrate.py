@@ -3,6 +3,7 @@ replay, and a fit that recovers a known engine from what it produced."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, replace
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from autoscale.calibrate import Point, fit, fit_loss, point_from_vllm_bench_result, replay_arrivals
-from autoscale.calibration import EngineCost, EngineLimits, load_calibration
+from autoscale.calibration import DEFAULT_CALIBRATION, EngineCost, EngineLimits, load_calibration
 from autoscale.replica_engine import ReplicaEngine, Requests
 from autoscale.replica_stats import ReplicaStatsWindow
 
@@ -144,13 +145,33 @@ def test_step_logs_give_the_step_costs_and_the_points_the_request_overhead(tmp_p
     got = load_calibration(out)
     assert asdict(got.cost) == pytest.approx(asdict(true), rel=0.02)
     assert {c.status for c in got.constants.values()} == {"measured"}
+    assert got.name == load_calibration(DEFAULT_CALIBRATION).name  # --start's, unless --name says
+
+    # The replay saves its step logs gzipped; they read the same, and --name says what was fitted.
+    packed = tmp_path / "steps_c1.json.gz"
+    packed.write_bytes(gzip.compress(log.read_bytes()))
+    named = tmp_path / "named.json"
+    argv = ["--points", str(points), "--steps", str(packed), "--name", "one H100", "--out", str(named)]
+    assert main(argv) == 0
+    assert load_calibration(named).cost == got.cost and load_calibration(named).name == "one H100"
 
     log.write_text(json.dumps(engine_log(600, seed=8)))
     out.unlink()
-    for bad in (log, tmp_path / "missing.json"):
+    packed.write_bytes(packed.read_bytes()[:-40])  # cut short
+    for bad in (log, tmp_path / "missing.json", packed):
         with pytest.raises(SystemExit):
             main(["--points", str(points), "--steps", str(bad), "--out", str(out)])
         assert not out.exists()
+
+
+def test_an_empty_name_is_refused_and_nothing_written(tmp_path, capsys):
+    from autoscale.calibrate import main
+
+    out = tmp_path / "cal.json"
+    with pytest.raises(SystemExit):
+        main(["--vllm-bench", "x.json", "--name", " ", "--out", str(out)])
+    assert "--name: must not be empty" in capsys.readouterr().err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("content", ["", "not json", '[{"label": "c1"}]'])
