@@ -52,7 +52,7 @@ from typing import Any
 
 from loadtests import engine_logs, vllm_bench
 from loadtests.engine_timing import Totals, cell_prefix_cache_hit_pct, cell_quantiles_ms, finished
-from loadtests.machine import catalogue_gpu, describe
+from loadtests.machine import cluster_here, describe
 from loadtests.overhead_client import ClientProcess, results_as_completed
 from loadtests.overhead_matrix import (
     BARE,
@@ -87,7 +87,7 @@ from loadtests.overhead_servers import (
 from loadtests.vllm_bench import WORKLOADS, Workload
 from serve_app.config import load_config_files
 from serve_app.models.resolve import resolve_models
-from serve_app.planning.from_config import cluster_spec, describe_cluster, plan_config
+from serve_app.planning.from_config import cluster_spec, plan_config
 from serve_app.serving.engine_args import PlannedEngine, vllm_cli_args
 from serve_app.serving.serve_options import SERVE_CLUSTER_ENV
 
@@ -189,16 +189,9 @@ class Bench:
         self.flags = vllm_cli_args(
             self.cfg, models, PlannedEngine(self.plan.tensor_parallel_size, self.plan.max_num_seqs)
         )
-        # The memory check predicts for the GPU this machine has, which the config may not describe (the H200
-        # config also runs on H100s, and the engines size their KV cache from the memory they find).
-        self.memory_plan, self.memory_predicted_for = self.plan, None
-        if self.cfg.resources.accelerator == "gpu":
-            here = catalogue_gpu()
-            memory_gib = here.memory_gib if here else None
-            cluster = cluster_spec(self.cfg, gpus_per_node=1, gpu_memory_gib=memory_gib)
-            self.memory_plan = plan_config(self.cfg, cluster, models.model_path, models.draft_path)
-            where = "the GPU this machine has" if here else "the config's; this machine's is not catalogued"
-            self.memory_predicted_for = f"{describe_cluster(self.cfg, cluster)} ({where})"
+        # The memory check predicts for the GPU this machine has, which the config may not describe.
+        here, self.memory_predicted_for = cluster_here(self.cfg)
+        self.memory_plan = plan_config(self.cfg, here, models.model_path, models.draft_path)
         # --bare-flags vllm-defaults: bare vLLM as a user would start it, with vLLM's own engine defaults.
         self.bare_flags = self.flags if args.bare_flags == "same" else identity_flags(self.flags)
         self.out: Path = args.out

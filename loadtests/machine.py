@@ -9,7 +9,10 @@ import subprocess
 
 import psutil
 
+from serve_app.config import HeadroomConfig
 from serve_app.planning.catalogue import CatalogueKeyError, GpuSpec, gpu
+from serve_app.planning.from_config import cluster_spec, describe_cluster
+from serve_app.planning.request import ClusterSpec
 
 
 def gpu_names() -> list[str]:
@@ -20,13 +23,25 @@ def gpu_names() -> list[str]:
     return [name.strip() for name in out.splitlines() if name.strip()]
 
 
-def catalogue_gpu() -> GpuSpec | None:
+def _catalogue_gpu() -> GpuSpec | None:
     """The planner's catalogue entry for this machine's first GPU; None without a GPU or for one it lacks."""
     names = gpu_names()
     try:
         return gpu(names[0]) if names else None
     except CatalogueKeyError:
         return None
+
+
+def cluster_here(cfg: HeadroomConfig, gpus_per_node: int = 1) -> tuple[ClusterSpec, str]:
+    """The cluster to predict this machine's engines for, and a phrase that names it: the GPU this machine
+    has where the catalogue knows it, else the config's. (The H200 config also runs on H100s, whose engines
+    size their KV cache from the memory they find.)"""
+    here = _catalogue_gpu() if cfg.resources.accelerator == "gpu" else None
+    if here is None:
+        cluster, where = cluster_spec(cfg, gpus_per_node=gpus_per_node), "the config's"
+    else:
+        cluster, where = ClusterSpec.of(here.name, gpus_per_node=gpus_per_node), "the GPU this machine has"
+    return cluster, f"{describe_cluster(cfg, cluster)} ({where})"
 
 
 def describe() -> str:

@@ -115,7 +115,7 @@ def _workload_sections(report: Mapping[str, Any], servers: list[str]) -> list[st
     return lines
 
 
-def _memory_lines(memory: list[dict[str, Any]], predicted_for: str | None) -> list[str]:
+def _memory_lines(memory: list[dict[str, Any]], predicted_for: str) -> list[str]:
     if not memory:
         return []
     lines = [

@@ -27,9 +27,10 @@ from typing import Any
 import httpx
 
 from loadtests import engine_logs
+from loadtests.machine import cluster_here
 from loadtests.streaming_client import one_request, percentile, prompts, run_load
 from serve_app.config import HeadroomConfig, deep_merge, load_config_files, parse_config
-from serve_app.planning.from_config import cluster_spec, plan_config
+from serve_app.planning.from_config import plan_config
 from serve_app.serving.serve_options import apply_cluster_env
 
 APP = "scale"
@@ -180,7 +181,7 @@ def main() -> None:
     if gpu:
         tp2 = {"name": APP, "engine": {"tensor_parallel_size": 2}, "deployment": {"num_replicas": 1}}
         cfg_tp = variant(base, tp2)
-        two_gpus = cluster_spec(base, gpus_per_node=2)
+        two_gpus, result["planned_for"] = cluster_here(base, gpus_per_node=2)
         # What the planner chooses for this model and SLO on two GPUs, and its estimates for both layouts.
         free_choice = plan_config(variant(base, {"deployment": {"num_replicas": None}}), two_gpus)
         plans = {

@@ -514,3 +514,22 @@ def test_a_run_starts_without_an_earlier_runs_logs_and_raw_results(tmp_path):
         p.write_text("earlier")
     clear_earlier_run(tmp_path, raw)
     assert not any(p.exists() for p in earlier) and all(p.exists() for p in kept) and raw.is_dir()
+
+
+def test_memory_is_predicted_for_the_gpu_the_machine_has(monkeypatch):
+    """An H200 config on an H100 machine: the engines size their KV cache from the H100's memory, so that
+    is what the prediction is for, and the report says so; a GPU the catalogue lacks: the config's."""
+    from loadtests import machine
+    from serve_app.config import load_config_files
+    from serve_app.planning.from_config import plan_config
+
+    cfg = load_config_files("configs/base.yaml", "loadtests/gpu/qwen3-8b.yaml", "loadtests/gpu/half-gpu.yaml")
+    monkeypatch.setattr(machine, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
+    cluster, said = machine.cluster_here(cfg)
+    assert said == "1 node(s) x 1 H100-80GB, 79.2 GiB (the GPU this machine has)"
+    # The memory model at 0.45 of an H100: vLLM logged 137,264 tokens (results/gpu/2026-12-07/overhead-c256*).
+    assert plan_config(cfg, cluster).kv_cache_tokens_per_replica == 137_360
+
+    monkeypatch.setattr(machine, "gpu_names", lambda: ["NVIDIA Example X1"])
+    cluster, said = machine.cluster_here(cfg, gpus_per_node=2)
+    assert said == "1 node(s) x 2 H200, 139.8 GiB (the config's)" and cluster.gpus_per_node == 2
