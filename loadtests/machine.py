@@ -33,15 +33,16 @@ def _catalogue_gpu() -> GpuSpec | None:
 
 
 def cluster_here(cfg: HeadroomConfig, gpus_per_node: int = 1) -> tuple[ClusterSpec, str]:
-    """The cluster to predict this machine's engines for, and a phrase that names it: the GPU this machine
-    has where the catalogue knows it, else the config's. (The H200 config also runs on H100s, whose engines
-    size their KV cache from the memory they find.)"""
-    here = _catalogue_gpu() if cfg.resources.accelerator == "gpu" else None
-    if here is None:
-        cluster, where = cluster_spec(cfg, gpus_per_node=gpus_per_node), "the config's"
-    else:
-        cluster, where = ClusterSpec.of(here.name, gpus_per_node=gpus_per_node), "the GPU this machine has"
-    return cluster, f"{describe_cluster(cfg, cluster)} ({where})"
+    """The cluster to predict this machine's engines for, and a phrase that names it: the config's where this
+    machine has its GPU (its memory as the config gives it) or one the catalogue lacks, else the GPU this
+    machine has. (The H200 config also runs on H100s, whose engines size their KV cache from their memory.)"""
+    configured = cluster_spec(cfg, gpus_per_node=gpus_per_node)
+    here = _catalogue_gpu() if configured.gpu is not None else None
+    if here is None or here.name == configured.gpu.name:
+        where = "the config's" if here is None else "the config's, which this machine has"
+        return configured, f"{describe_cluster(cfg, configured)} ({where})"
+    cluster = ClusterSpec.of(here.name, gpus_per_node=gpus_per_node)
+    return cluster, f"{describe_cluster(cfg, cluster)} (the GPU this machine has, not the config's)"
 
 
 def describe() -> str:

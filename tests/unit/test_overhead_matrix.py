@@ -526,10 +526,16 @@ def test_memory_is_predicted_for_the_gpu_the_machine_has(monkeypatch):
     cfg = load_config_files("configs/base.yaml", "loadtests/gpu/qwen3-8b.yaml", "loadtests/gpu/half-gpu.yaml")
     monkeypatch.setattr(machine, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
     cluster, said = machine.cluster_here(cfg)
-    assert said == "1 node(s) x 1 H100-80GB, 79.2 GiB (the GPU this machine has)"
+    assert said == "1 node(s) x 1 H100-80GB, 79.2 GiB (the GPU this machine has, not the config's)"
     # The memory model at 0.45 of an H100: vLLM logged 137,264 tokens (results/gpu/2026-12-07/overhead-c256*).
     assert plan_config(cfg, cluster).kv_cache_tokens_per_replica == 137_360
 
     monkeypatch.setattr(machine, "gpu_names", lambda: ["NVIDIA Example X1"])
     cluster, said = machine.cluster_here(cfg, gpus_per_node=2)
     assert said == "1 node(s) x 2 H200, 139.8 GiB (the config's)" and cluster.gpus_per_node == 2
+    # The config's own GPU: its memory as the config gives it (what torch measured), not the catalogue's.
+    monkeypatch.setattr(machine, "gpu_names", lambda: ["NVIDIA H200"])
+    cfg = load_config_files("configs/base.yaml", "loadtests/gpu/qwen3-8b.yaml")
+    cfg = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"gpu_memory_gib": 140.0})})
+    cluster, said = machine.cluster_here(cfg)
+    assert said == "1 node(s) x 1 H200, 140.0 GiB (the config's, which this machine has)"
