@@ -28,19 +28,9 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from autoscale.bench import policies
+from autoscale.bench import check_targets, policies, summarize
 from autoscale.calibration import load_calibration
-from autoscale.experiment import (
-    ATTAINMENT_TARGET,
-    STEADY_KINDS,
-    Task,
-    beats_rival,
-    cost_limit,
-    load_deployment,
-    pooled,
-    run_task,
-    smallest_static,
-)
+from autoscale.experiment import Task, load_deployment, run_task, smallest_static
 from autoscale.scenarios import SYNTHETIC_KINDS, TUNING_SEEDS, TraceSpec
 
 HERE = Path(__file__).resolve().parent / "h100_engine"
@@ -61,42 +51,32 @@ def engines():
 
 
 def main() -> None:
+    """Per engine: the benchmark's own summary and target checks (autoscale/bench.py) on these runs."""
     tuning = json.loads(Path("results/autoscale/tuning.json").read_text())
+    specs = [TraceSpec(kind, s) for kind in SYNTHETIC_KINDS for s in TUNING_SEEDS]
     for label, dep in engines().items():
         print(f"## {label}: {dep.calibration}, KV cache {dep.limits.kv_cache_tokens:,} tokens")
         print(f"   costs: {json.dumps(asdict(dep.cost))}")
-        specs = {kind: [TraceSpec(kind, s) for s in TUNING_SEEDS] for kind in SYNTHETIC_KINDS}
-        named = policies(dep, tuning)
-        for kind, kind_specs in specs.items():
-            statics = [smallest_static(sp, dep) for sp in kind_specs]
-            rows = {"static-99": pooled(statics)}
-            for name in ("headroom", "ray-tuned"):
-                recs = [
-                    run_task(Task(sp, named[name], st["initial_replicas"]), dep)
-                    for sp, st in zip(kind_specs, statics, strict=True)
-                ]
-                rows[name] = pooled(recs)
-            fleets = [st["static_replicas"] for st in statics]
-            peak = sum(st["peak_to_mean"] for st in statics) / len(statics)  # as autoscale/bench.py does
-            limit = cost_limit(kind, peak)
-            ours, base = rows["headroom"], rows["static-99"]
-            checks = {
-                ">=99%": ours["attainment"] >= ATTAINMENT_TARGET and ours["seeds_below_target"] == 0,
-                "cost": None if limit is None else ours["replica_hours"] <= limit * base["replica_hours"],
-                "vs Ray": beats_rival(ours, rows["ray-tuned"]),
-                "direction changes": None
-                if kind not in STEADY_KINDS
-                else ours["max_direction_changes_per_10min"] <= 1,
-            }
-            print(f"- {kind}: static 99% fleets {fleets}, cost limit {limit}")
-            for name, row in rows.items():
-                ratio = row["replica_hours"] / base["replica_hours"]
+        named = {k: v for k, v in policies(dep, tuning).items() if k in ("headroom", "ray-tuned")}
+        statics = [smallest_static(sp, dep) for sp in specs]
+        runs = [
+            run_task(Task(sp, policy, st["initial_replicas"]), dep)
+            for policy in named.values()
+            for sp, st in zip(specs, statics, strict=True)
+        ]
+        summary = summarize({"static": statics, "runs": runs, "policies": named})
+        for kind, entry in summary.items():
+            print(f"- {kind}: static 99% fleets {entry['static_replicas']}")
+            for name, row in entry["policies"].items():
                 print(
                     f"    {name:10s} {row['attainment']:.2%} on time (worst seed "
-                    f"{row['attainment_min']:.2%}), {row['replica_hours']:.1f} replica-h = {ratio:.3f}x "
-                    f"static, max {row['max_direction_changes_per_10min']} direction changes / 10 min"
+                    f"{row['attainment_min']:.2%}), {row['replica_hours']:.1f} replica-h = "
+                    f"{row['cost_ratio']:.3f}x static, max {row['max_direction_changes_per_10min']} "
+                    "direction changes / 10 min"
                 )
-            print(f"    targets: {json.dumps(checks)}", flush=True)
+        for check in check_targets(summary):
+            verdict = {True: "met", False: "MISSED", None: "no target"}[check.passed]
+            print(f"  {check.trace}: {check.name}: {verdict} ({check.detail})", flush=True)
 
 
 if __name__ == "__main__":
