@@ -61,9 +61,10 @@ bench-overhead: $(STAMP)
 bench-stat-logger: $(STAMP)
 	$(PY) -m loadtests.bench_stat_logger --out results/stat_logger
 
-# Ray Serve's request path against uvicorn alone: the serving process's CPU per request, with no engine.
+# Ray Serve's request path against uvicorn alone: the serving process's CPU per request, with no engine,
+# and a py-spy profile of where it goes.
 bench-serve-request: $(STAMP)
-	$(PY) -m loadtests.bench_serve_request --out results/serve_request
+	$(PY) -m loadtests.bench_serve_request --profile-requests 20000 --out results/serve_request
 
 # The shipped autoscaling policy against Ray's tuned default and static fleets, in the request-level
 # simulator (26 min on 2 cores; results/autoscale). The deployment's numbers come from the config

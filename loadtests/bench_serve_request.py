@@ -16,7 +16,10 @@ app (a response start and CHUNKS body chunks, no engine), so what differs is Ser
   (`logging_config.enable_access_log`).
 
 Measured: the serving process's CPU time per request (user + system, from /proc; HAProxy's own CPU is not
-counted) over N requests at concurrency C, rounds interleaved; median [min, max] over rounds.
+counted) over N requests at concurrency C, rounds interleaved; median [min, max] over rounds. With
+`--profile-requests N`, after the rounds py-spy records uvicorn and two of the replicas (at their own port)
+while each serves N more requests: the sampled time per request in frames that contain each part of the path
+(SERVE_PARTS), so the difference is seen by where it goes. py-spy's sampling slows what it samples a little.
 
     python -m loadtests.bench_serve_request --out results/serve_request
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import os
 import socket
@@ -32,7 +36,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -44,6 +47,7 @@ from ray.serve._private.constants import (
     RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT,
 )
 
+from loadtests import diag_evidence as ev
 from loadtests.machine import describe
 from loadtests.processes import serve_replicas
 
@@ -142,7 +146,53 @@ def replica_pid_and_port(app_name: str) -> tuple[int, int]:
     return replica.pid, ports[0]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+# Where a request's time goes: (part, a substring of the frames that are it, as py-spy names them).
+# Inclusive: a part's time includes the frames below it, so rows nest and do not add up.
+SERVE_PARTS = (
+    ("uvicorn: a request's ASGI cycle, all below it", "RequestResponseCycle.run_asgi ("),
+    ("uvicorn: reading and parsing requests", "HttpToolsProtocol.data_received ("),
+    ("Serve's request path, the app included", "Replica._direct_ingress_asgi ("),
+    ("the app itself", "trivial_app.<locals>.app ("),
+    ("Serve after the response: access log and metrics", "Replica._record_errors_and_metrics ("),
+    ("of which the access log's record (made with the log off too)", "Logger.info ("),
+    ("of which request metrics", "ReplicaMetricsManager.record_request_metrics ("),
+    ("Serve's request ids (two UUID4s)", "generate_request_id ("),
+)
+PROFILED = ("uvicorn", "serve, replica's port", "serve, no access log, replica's port")
+PROFILE_RATE_HZ = 500
+
+
+def us_per_request_in_parts(raw: list[str], rate_hz: int, requests: int) -> dict[str, float]:
+    """From a py-spy raw profile of a process that served `requests` while it was recorded: the sampled
+    microseconds per request in frames containing each part of SERVE_PARTS."""
+    shares = ev.frame_share(raw, "", [frame for _, frame in SERVE_PARTS])
+    return {part: shares[frame][0] / rate_hz / requests * 1e6 for part, frame in SERVE_PARTS}
+
+
+def profile(targets: dict[str, tuple[str, int]], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """py-spy on each PROFILED server while it serves --profile-requests requests; raw profiles kept in
+    --out as profile-N.raw.gz (N: the server's place in PROFILED)."""
+    from loadtests.overhead_diag import Recording
+
+    parts = {}
+    for i, label in enumerate(PROFILED):
+        url, pid = targets[label]
+        raw_path = args.out / f"profile-{i}.raw"
+        recording = Recording(pid, raw_path, rate_hz=PROFILE_RATE_HZ)
+        time.sleep(1.0)  # py-spy attaches; idle samples count in no part
+        cpu_us_per_request(url, pid, args.profile_requests, args.concurrency)
+        stopped = recording.stop()
+        if "error" in stopped:
+            raise RuntimeError(f"py-spy on {label} (pid {pid}): {stopped['error']}")
+        raw = raw_path.read_text().splitlines()
+        parts[label] = us_per_request_in_parts(raw, PROFILE_RATE_HZ, args.profile_requests)
+        with gzip.open(raw_path.with_suffix(".raw.gz"), "wt") as f:
+            f.write("\n".join(raw) + "\n")
+        raw_path.unlink()
+    return parts
+
+
+def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
     from serve_app.serving.driver import init_ray_driver
     from serve_app.serving.serve_options import apply_cluster_env
 
@@ -155,6 +205,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     apply_cluster_env(os.environ)
     samples: dict[str, list[float]] = {}
+    parts: dict[str, dict[str, float]] = {}
     try:
         init_ray_driver(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
                         logging_level="WARNING")  # fmt: skip
@@ -185,15 +236,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 samples.setdefault(label, []).append(
                     cpu_us_per_request(url, pid, args.requests, args.concurrency)
                 )
+        if args.profile_requests:
+            parts = profile(targets, args)
     finally:
         uv.terminate()
         uv.wait(timeout=30)
         serve.shutdown()
         ray.shutdown()
-    return samples
+    return samples, parts
 
 
-def report(samples: dict[str, list[float]], args: argparse.Namespace, command: str) -> str:
+def report(
+    samples: dict[str, list[float]],
+    parts: dict[str, dict[str, float]],
+    args: argparse.Namespace,
+    command: str,
+) -> str:
     base = samples["uvicorn"]
     lines = [
         "# Ray Serve's request path: the serving process's CPU per request, no engine",
@@ -211,6 +269,19 @@ def report(samples: dict[str, list[float]], args: argparse.Namespace, command: s
             f"| {label} | {np.median(values):.0f} [{min(values):.0f}, {max(values):.0f}] | "
             f"{np.median(extra):+.0f} [{min(extra):+.0f}, {max(extra):+.0f}] |"
         )
+    if parts:
+        lines += [
+            "",
+            f"Where the time goes (py-spy at {PROFILE_RATE_HZ} Hz while each server served "
+            f"{args.profile_requests} more requests at concurrency {args.concurrency}): sampled us per "
+            "request in frames containing each part, which includes the frames below it; raw profiles "
+            "in profile-N.raw.gz, N the server's column from 0.",
+            "",
+            "| part | " + " | ".join(parts) + " |",
+            "|---|" + "---:|" * len(parts),
+        ]
+        for part, _ in SERVE_PARTS:
+            lines.append(f"| {part} | " + " | ".join(f"{p[part]:.0f}" for p in parts.values()) + " |")
     lines += ["", f"Command: `{command}`", ""]
     return "\n".join(lines)
 
@@ -221,19 +292,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--chunks", type=int, default=1, help="body chunks per response")
+    p.add_argument("--profile-requests", type=int, default=0,
+                   help="requests per server under py-spy after the rounds; 0: no profile")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("results/serve_request"))
     args = p.parse_args(argv)
     for name, value in (("--requests", args.requests), ("--concurrency", args.concurrency),
                         ("--rounds", args.rounds), ("--chunks", args.chunks)):  # fmt: skip
         if value < 1:
             p.error(f"{name} must be >= 1, got {value}")
+    if args.profile_requests < 0:
+        p.error(f"--profile-requests must be >= 0 (0: no profile), got {args.profile_requests}")
     command = "python -m loadtests.bench_serve_request " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    samples = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"command": command, "samples_us": samples}, indent=1))
-    text = report(samples, args, command.strip())
+    samples, parts = run(args)
+    results = {"command": command, "samples_us": samples, "profile_us_per_request": parts}
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    text = report(samples, parts, args, command.strip())
     (args.out / "report.md").write_text(text)
     print(text)
     return 0

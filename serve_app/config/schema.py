@@ -375,8 +375,8 @@ class DeploymentSection(BaseModel):
         default=True,
         description=(
             "Ray Serve's access log: a line per request in each replica's log (docs/serving.md, Logs), "
-            "like vllm serve's uvicorn access log. Writing it costs the replica's event loop about 70-100 "
-            "us of CPU per request on a 2-core box (results/serve_request/report.md); turn it off where "
+            "like vllm serve's uvicorn access log. Writing it costs the replica's event loop about 90 us "
+            "of CPU per request on a 2-core box (results/serve_request/report.md); turn it off where "
             "HAProxy, a gateway or the clients already log requests."
         ),
     )
