@@ -21,7 +21,7 @@ counted) over N requests at concurrency C, rounds interleaved; median [min, max]
 while each serves N more requests: the sampled time per request in frames that contain each part of the path
 (SERVE_PARTS), so the difference is seen by where it goes. py-spy's sampling slows what it samples a little.
 
-    python -m loadtests.bench_serve_request --out results/serve_request
+    python -m loadtests.bench_serve_request --profile-requests 20000 --out results/serve_request
 """
 
 from __future__ import annotations
