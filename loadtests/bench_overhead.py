@@ -183,15 +183,16 @@ class Bench:
         models = resolve_models(self.cfg)
         self.tokenizer = self.cfg.model.tokenizer or models.model_path
         # Both servers get the engine flags a replica gets on one GPU (the plan may lower max_num_seqs).
-        self.plan = plan_config(
-            self.cfg, cluster_spec(self.cfg, gpus_per_node=1), models.model_path, models.draft_path
-        )
+        configured = cluster_spec(self.cfg, gpus_per_node=1)
+        self.plan = plan_config(self.cfg, configured, models.model_path, models.draft_path)
         self.flags = vllm_cli_args(
             self.cfg, models, PlannedEngine(self.plan.tensor_parallel_size, self.plan.max_num_seqs)
         )
         # The memory check predicts for the GPU this machine has, which the config may not describe.
         here, self.memory_predicted_for = cluster_here(self.cfg)
-        self.memory_plan = plan_config(self.cfg, here, models.model_path, models.draft_path)
+        self.memory_plan = self.plan
+        if here != configured:
+            self.memory_plan = plan_config(self.cfg, here, models.model_path, models.draft_path)
         # --bare-flags vllm-defaults: bare vLLM as a user would start it, with vLLM's own engine defaults.
         self.bare_flags = self.flags if args.bare_flags == "same" else identity_flags(self.flags)
         self.out: Path = args.out
